@@ -1,0 +1,298 @@
+"""Where step metrics go: JSONL beside the run (always), wandb (offline unless configured), or nowhere.
+
+    logger = make_logger(LoggingConfig(run_dir="runs/r1"))   # JSONL + wandb offline
+    logger.log({"stall/total_s": 1.5, "reward/mean": 0.3}, step=7)
+    logger.close()
+
+Every backend implements `MetricLogger` (`log(metrics, step)`, `close()`); code above this file calls
+one logger and never asks which backends are on (`NullLogger` when wandb is off, `MultiLogger` to fan
+out). The JSONL is the run's readable record: wandb 0.31 offline runs are binary `.wandb` files with
+no Python reader, and `python -m rlsync.report` reads the JSONL.
+
+The stall dashboard is defined here as data (`STALL_DASHBOARD`). A wandb run (offline too) gets
+`define_metric` summaries and the dashboard spec in `RUN_DIR/wandb_dashboard.json`; workspace panels
+live on the wandb server, so `apply_wandb_dashboard()` creates them with `wandb-workspaces` once the
+run is synced (docs/telemetry.md shows the commands).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
+
+from rlsync.metrics import STALL_CAUSE_KEYS
+
+__all__ = [
+    "MetricLogger",
+    "NullLogger",
+    "JsonlLogger",
+    "WandbLogger",
+    "MultiLogger",
+    "LoggingConfig",
+    "make_logger",
+    "Panel",
+    "Section",
+    "STALL_DASHBOARD",
+    "apply_wandb_dashboard",
+]
+
+log = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class MetricLogger(Protocol):
+    def log(self, metrics: Mapping[str, Any], step: int) -> None:
+        """Record one step's scalar metrics."""
+
+    def close(self) -> None:
+        """Flush and release; idempotent."""
+
+
+class NullLogger:
+    """Accepts everything, records nothing: the logger of a backend that is off."""
+
+    def log(self, metrics: Mapping[str, Any], step: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _scalar(v: Any) -> Any:
+    """Plain JSON value: numpy/torch scalars via .item(), NaN/inf as null (strict JSON has neither)."""
+    if hasattr(v, "item") and callable(v.item):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, (bool, int, float, str)) or v is None:
+        return v
+    return str(v)
+
+
+class JsonlLogger:
+    """One JSON object per line in `RUN_DIR/metrics.jsonl`: `{"step": 7, "time": <unix s>, ...}`.
+
+    Each line is flushed as written, so a crashed run keeps every step it logged. Appends, so a
+    resumed run continues the same file.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike, filename: str = "metrics.jsonl") -> None:
+        self.path = Path(run_dir) / filename
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(self.path, "a", encoding="utf-8")
+
+    def log(self, metrics: Mapping[str, Any], step: int) -> None:
+        row = {"step": int(step), "time": time.time()}
+        row.update({str(k): _scalar(v) for k, v in metrics.items()})
+        self._f.write(json.dumps(row, allow_nan=False) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        if not self._f.closed:
+            self._f.close()
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Rows of a metrics JSONL; a torn last line (crash mid-write) is skipped."""
+    rows = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                log.warning("skipping unreadable line in %s: %.80s", path, line)
+    return rows
+
+
+# --- the stall dashboard, as data --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Panel:
+    title: str
+    keys: tuple[str, ...]
+    """Metric keys; globs (`pool/*/workers`) expand against the run's keys when applied."""
+    style: str = "line"
+    """`line` or `stacked-area` (wandb LinePlot plot_type)."""
+
+
+@dataclass(frozen=True)
+class Section:
+    name: str
+    panels: tuple[Panel, ...]
+
+
+STALL_DASHBOARD: tuple[Section, ...] = (
+    Section("Stall", (
+        Panel("Stall per step by cause (worker-s)", STALL_CAUSE_KEYS, style="stacked-area"),
+        Panel("Idle ratio per side", ("stall/rollout_idle_ratio", "stall/trainer_idle_ratio")),
+        Panel("Total stall (worker-s)", ("stall/total_s",)),
+    )),
+    Section("Sync", (
+        Panel("Sync GB/s", ("sync/gbps",)),
+        Panel("Sync bytes and seconds", ("sync/bytes", "sync/seconds")),
+        Panel("Hub", ("hub/replicas", "hub/retained_versions")),
+    )),
+    Section("Pools", (
+        Panel("Workers per pool", ("pool/*/workers",), style="stacked-area"),
+        Panel("Idle ratio per pool", ("pool/*/idle_ratio",)),
+    )),
+)
+
+_SUMMARIES = {"stall/*": "mean", "sync/gbps": "mean", "reward/*": "max"}
+"""`define_metric` summaries: what the run table shows for each family."""
+
+
+def dashboard_spec(sections: Sequence[Section] = STALL_DASHBOARD) -> list[dict[str, Any]]:
+    return [asdict(s) for s in sections]
+
+
+def _expand(keys: Sequence[str], known: Sequence[str] | None) -> list[str]:
+    out: list[str] = []
+    for k in keys:
+        if any(c in k for c in "*?[") and known is not None:
+            out.extend(sorted(x for x in known if fnmatch.fnmatchcase(x, k)))
+        else:
+            out.append(k)
+    return out
+
+
+def apply_wandb_dashboard(
+    entity: str,
+    project: str,
+    *,
+    known_keys: Sequence[str] | None = None,
+    name: str = "rlsync stall",
+    sections: Sequence[Section] = STALL_DASHBOARD,
+    save: bool = True,
+) -> Any:
+    """Create the stall workspace on the wandb server (needs `pip install wandb-workspaces`, a login).
+
+    `known_keys` (e.g. the keys of `metrics.jsonl`) expand the glob panels. Returns the workspace
+    object (not saved when `save=False`).
+    """
+    try:
+        import wandb_workspaces.reports.v2 as wr
+        import wandb_workspaces.workspaces as ws
+    except ImportError as e:
+        raise ImportError(
+            "applying the dashboard needs the wandb-workspaces package: pip install wandb-workspaces"
+        ) from e
+    workspace = ws.Workspace(
+        name=name,
+        entity=entity,
+        project=project,
+        sections=[
+            ws.Section(
+                name=s.name,
+                is_open=True,
+                panels=[
+                    wr.LinePlot(title=p.title, y=_expand(p.keys, known_keys), plot_type=p.style)
+                    for p in s.panels
+                ],
+            )
+            for s in sections
+        ],
+    )
+    if save:
+        workspace.save()
+    return workspace
+
+
+# --- wandb ---------------------------------------------------------------------------------------
+
+
+class WandbLogger:
+    """A wandb run; offline unless `mode`/`WANDB_MODE` says otherwise. Files land in RUN_DIR/wandb."""
+
+    @dataclass(kw_only=True)
+    class Config:
+        enabled: bool = True
+        """Off: make_logger uses a NullLogger in wandb's place."""
+        project: str = "rlsync"
+        """wandb project."""
+        entity: str | None = None
+        """wandb entity (team/user); None: the logged-in default."""
+        mode: str | None = None
+        """`offline`, `online` or `disabled`; None: $WANDB_MODE, else offline."""
+        name: str | None = None
+        """Run name; None: wandb's generated name."""
+        group: str | None = None
+        """Run group (e.g. the recipe)."""
+        tags: list[str] = field(default_factory=list)
+        """Run tags."""
+
+    def __init__(self, config: "WandbLogger.Config", run_dir: str | os.PathLike,
+                 run_config: Mapping[str, Any] | None = None) -> None:
+        import wandb  # imported here: a run without wandb never pays its import
+
+        self.mode = config.mode or os.environ.get("WANDB_MODE") or "offline"
+        run_dir = Path(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.run = wandb.init(
+            project=config.project,
+            entity=config.entity,
+            name=config.name,
+            group=config.group,
+            tags=list(config.tags) or None,
+            mode=self.mode,
+            dir=str(run_dir),
+            config=dict(run_config or {}),
+        )
+        for pattern, summary in _SUMMARIES.items():
+            self.run.define_metric(pattern, summary=summary)
+        (run_dir / "wandb_dashboard.json").write_text(json.dumps(dashboard_spec(), indent=1))
+        self._closed = False
+
+    def log(self, metrics: Mapping[str, Any], step: int) -> None:
+        self.run.log({k: _scalar(v) for k, v in metrics.items()}, step=int(step))
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.run.finish()
+
+
+class MultiLogger:
+    """Sends every call to each logger; NullLoggers are dropped."""
+
+    def __init__(self, loggers: Sequence[MetricLogger]) -> None:
+        self.loggers = [lg for lg in loggers if not isinstance(lg, NullLogger)]
+
+    def log(self, metrics: Mapping[str, Any], step: int) -> None:
+        for lg in self.loggers:
+            lg.log(metrics, step)
+
+    def close(self) -> None:
+        for lg in self.loggers:
+            lg.close()
+
+
+@dataclass(kw_only=True)
+class LoggingConfig:
+    run_dir: str = "."
+    """Directory of the run: metrics.jsonl, trace.json, wandb/ and report/ go here."""
+    jsonl: bool = True
+    """Write RUN_DIR/metrics.jsonl (python -m rlsync.report reads it)."""
+    wandb: WandbLogger.Config = field(default_factory=WandbLogger.Config)
+    """wandb backend; offline by default."""
+
+
+def make_logger(cfg: LoggingConfig | Mapping[str, Any], run_config: Mapping[str, Any] | None = None) -> MetricLogger:
+    """The run's logger from its config (a `LoggingConfig` or a mapping of the same fields)."""
+    if not isinstance(cfg, LoggingConfig):
+        cfg = dict(cfg)
+        wb = cfg.pop("wandb", {}) or {}
+        cfg = LoggingConfig(**cfg, wandb=wb if isinstance(wb, WandbLogger.Config) else WandbLogger.Config(**dict(wb)))
+    mode = cfg.wandb.mode or os.environ.get("WANDB_MODE") or "offline"
+    loggers: list[MetricLogger] = [JsonlLogger(cfg.run_dir) if cfg.jsonl else NullLogger()]
+    if cfg.wandb.enabled and mode != "disabled":
+        loggers.append(WandbLogger(cfg.wandb, cfg.run_dir, run_config))
+    return MultiLogger(loggers)
