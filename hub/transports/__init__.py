@@ -1,0 +1,31 @@
+"""Data-plane transports, by name: `tcp-py` (portable), `shm` (same host). See base.py."""
+from .base import Transport, get_transport, register_transport, transport_by_kind, transport_names
+from . import shm, tcp_py  # noqa: F401  (registration)
+
+__all__ = ["Transport", "get_transport", "register_transport", "transport_by_kind", "transport_names",
+           "choose_transport", "available_transports"]
+
+
+def available_transports() -> list[str]:
+    from .base import _REGISTRY
+    return [n for n, c in sorted(_REGISTRY.items()) if c.is_available()]
+
+
+def choose_transport(mine: dict, peer: dict, forced: str | None = None) -> Transport:
+    """The transport a reader uses towards `peer`: the forced one, else the best usable one."""
+    if forced:
+        t = get_transport(forced)
+        if not t.usable_between(mine, peer):
+            from ..errors import TransportUnavailableError
+            raise TransportUnavailableError(f"transport {forced!r} cannot reach peer {peer.get('tcp')}")
+        return t
+    from .base import _REGISTRY
+    best = None
+    for name in available_transports():
+        t = _REGISTRY[name]()
+        if t.usable_between(mine, peer) and (best is None or t.priority > best.priority):
+            best = t
+    if best is None:
+        from ..errors import TransportUnavailableError
+        raise TransportUnavailableError(f"no transport reaches peer {peer.get('tcp')}")
+    return best

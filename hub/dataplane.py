@@ -1,0 +1,192 @@
+"""The data plane every worker runs: a server for the replicas it holds, and the reader side.
+
+One TCP listener per worker. A reader connects once per (fetch, source), sends one request —
+ticket, replica id, the list of units it wants — and the server streams the units back in that
+order (pipelined: no round trip per unit). For a relay replica a unit not yet present makes the
+server wait on the replica's condition variable, so a chain of readers forwards units as they land.
+The request framing, ticket check, relay wait and drain accounting live here, once; how a unit's
+bytes travel (through the socket, or read straight from the source's memory) is the transport's.
+Frame layouts: `rlsync.hub.dataplane_wire`.
+"""
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+import msgpack
+
+from . import errors as E
+from .dataplane_wire import ERR, MAGIC, MAX_REQUEST_BYTES, OK, REQ, UNIT, WHOLE
+from .manifest import unit_checksum
+from .store import LocalReplica, ReplicaStore
+from .tickets import TicketVerifier
+from .transports.base import Transport, recv_exact, transport_by_kind
+
+log = logging.getLogger(__name__)
+
+
+
+@dataclass(kw_only=True, slots=True)
+class DataPlaneConfig:
+    host: str = "127.0.0.1"
+    """Address the data-plane server binds; loopback unless the deployment spans hosts."""
+    io_timeout_s: float = 30.0
+    """A peer silent this long on an open data connection is treated as dead."""
+    relay_wait_s: float = 120.0
+    """How long a relay's server waits for a unit it has not received yet."""
+    serve_delay_s: float = 0.0
+    """Fault injection for tests: sleep before sending each unit (a slow source). Keep 0."""
+
+
+def send_error(conn: socket.socket, unit: int, err: E.HubError) -> None:
+    payload = msgpack.packb([err.code, str(err)])
+    try:
+        conn.sendall(UNIT.pack(unit, ERR, len(payload)) + payload)
+    except OSError:
+        pass
+
+
+class DataServer:
+    def __init__(self, store: ReplicaStore, cfg: DataPlaneConfig) -> None:
+        self.store, self.cfg = store, cfg
+        self.worker_id: str | None = None
+        self.verifier: TicketVerifier | None = None
+        self._lsock = socket.create_server((cfg.host, 0))
+        self._lsock.settimeout(0.5)
+        self.port = self._lsock.getsockname()[1]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept_loop, name="rlsync-data", daemon=True)
+        self._thread.start()
+
+    @property
+    def address(self) -> str:
+        return f"{self.cfg.host}:{self.port}"
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        self._lsock.close()
+
+    def _accept_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._lsock.accept()
+            except (socket.timeout, OSError):
+                continue
+            threading.Thread(target=self._serve, args=(conn,), name="rlsync-data-conn", daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        conn.settimeout(self.cfg.io_timeout_s)
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            rep, transport, units = self._accept_request(conn)
+        except E.HubError as e:
+            log.warning("data plane: refused a request: %s", e)
+            send_error(conn, WHOLE, e)
+            conn.close()
+            return
+        except (OSError, ConnectionError):
+            conn.close()
+            return
+        sent_units = sent_bytes = 0
+        rep.begin_read()
+        try:
+            for u in units:
+                if self.cfg.serve_delay_s:
+                    time.sleep(self.cfg.serve_delay_s)
+                try:
+                    rep.wait_unit(u, self.cfg.relay_wait_s)
+                except E.TransferError as e:
+                    send_error(conn, u, e)
+                    return
+                sent_bytes += transport.send_unit(conn, rep, u)
+                sent_units += 1
+            transport.wait_finish(conn)
+        except (OSError, ConnectionError) as e:
+            log.info("data plane: reader of %s went away: %s", rep.id, e)
+        finally:
+            rep.end_read(sent_units, sent_bytes)
+            conn.close()
+
+    def _accept_request(self, conn: socket.socket) -> tuple[LocalReplica, Transport, list[int]]:
+        head = bytearray(REQ.size)
+        recv_exact(conn, memoryview(head))
+        magic, proto, kind, _, body_len = REQ.unpack(head)
+        if magic != MAGIC or proto != 1:
+            raise E.ProtocolError("not an rlsync data-plane request")
+        if body_len > MAX_REQUEST_BYTES:
+            raise E.ProtocolError(f"request of {body_len} bytes exceeds {MAX_REQUEST_BYTES}")
+        body = bytearray(body_len)
+        recv_exact(conn, memoryview(body))
+        try:
+            msg = msgpack.unpackb(bytes(body), raw=False)
+            ticket, replica_id, units = msg["ticket"], str(msg["replica"]), list(msg["units"])
+        except Exception:
+            raise E.ProtocolError("malformed data-plane request body") from None
+        cls = transport_by_kind(kind)
+        if cls is None or not cls.is_available():
+            raise E.TransportUnavailableError(f"transport kind {kind} is not served here")
+        if self.verifier is None or self.worker_id is None:
+            raise E.TicketError("this data-plane server has not joined a hub yet")
+        self.verifier.verify(ticket, source=self.worker_id, replica=replica_id)
+        rep = self.store.get(replica_id)
+        if rep is None:
+            raise E.TicketError(f"replica {replica_id} is not held here (released)")
+        n = len(rep.manifest.units)
+        if len(units) > n or any(not isinstance(u, int) or not 0 <= u < n for u in units):
+            raise E.ProtocolError(f"unit ids must be distinct ints in [0, {n})")
+        if len(set(units)) != len(units):
+            raise E.ProtocolError("duplicate unit ids in request")
+        return rep, cls(), units
+
+
+def read_from_source(transport: Transport, endpoint: dict, ticket: bytes, replica_id: str,
+                     units: list[int], dest: LocalReplica, io_timeout_s: float, on_unit=None) -> int:
+    """Pull `units` of `replica_id` from the server at `endpoint` into `dest`, verifying each.
+
+    Marks each verified unit present in `dest` (so `dest` relays it on at once). Returns bytes read.
+    Raises TicketError / TransferError / ChecksumError / ProtocolError; never leaves a unit marked
+    present whose bytes did not verify.
+    """
+    host, port = endpoint["tcp"].rsplit(":", 1)
+    nbytes = 0
+    try:
+        conn = socket.create_connection((host, int(port)), timeout=io_timeout_s)
+    except OSError as e:
+        raise E.TransferError(f"cannot reach data plane at {endpoint['tcp']}: {e}") from None
+    try:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        body = msgpack.packb({"ticket": ticket, "replica": replica_id, "units": units})
+        conn.sendall(REQ.pack(MAGIC, 1, transport.kind, 0, len(body)) + body)
+        head = bytearray(UNIT.size)
+        for u in units:
+            recv_exact(conn, memoryview(head))
+            got, status, n = UNIT.unpack(head)
+            if status == ERR:
+                if n > MAX_REQUEST_BYTES:
+                    raise E.ProtocolError("oversized error frame")
+                payload = bytearray(n)
+                recv_exact(conn, memoryview(payload))
+                code, text = msgpack.unpackb(bytes(payload))
+                raise E.error_from_code(code, f"source {endpoint['tcp']}: {text}")
+            unit = dest.manifest.units[u]
+            if got != u or status != OK:
+                raise E.ProtocolError(f"expected unit {u}, source sent {got} (status {status})")
+            transport.recv_unit(conn, dest, u, n, endpoint)
+            if unit_checksum(dest.views, unit) != unit.checksum:
+                raise E.ChecksumError(f"unit {u} from {endpoint['tcp']} failed its checksum: discarded")
+            dest.mark_present(u)
+            nbytes += unit.nbytes
+            if on_unit is not None:
+                on_unit(u)
+        transport.finish(conn)
+    except (socket.timeout, TimeoutError):
+        raise E.TransferError(f"source {endpoint['tcp']} stalled for {io_timeout_s}s") from None
+    except (ConnectionError, OSError) as e:
+        raise E.TransferError(f"source {endpoint['tcp']} failed mid-transfer: {e}") from None
+    finally:
+        conn.close()
+    return nbytes

@@ -1,0 +1,130 @@
+"""Typed errors of the ROS hub.
+
+Every error a caller can provoke is a `HubError` subclass that says what to fix. The hub raises them
+*before* changing any state, so a refused call leaves the hub exactly as it was. Errors cross the
+control plane as `(code, message)` and are re-raised as the same class on the client.
+"""
+from __future__ import annotations
+
+
+class HubError(Exception):
+    """Base class of every rlsync hub error."""
+
+    code = "hub_error"
+
+
+class AuthError(HubError):
+    """Missing or wrong token on a control RPC."""
+
+    code = "auth"
+
+
+class UnknownModelError(HubError):
+    """The model was never published on this hub."""
+
+    code = "unknown_model"
+
+
+class VersionError(HubError):
+    """A version that cannot be published (not above the latest committed, or already published)."""
+
+    code = "version"
+
+
+class VersionNotFoundError(HubError):
+    """Fetch of a version that was never committed."""
+
+    code = "version_not_found"
+
+
+class VersionNotRetainedError(HubError):
+    """Fetch of a committed version that is no longer retained and has no live replica."""
+
+    code = "version_not_retained"
+
+
+class VersionLostError(HubError):
+    """A retained version whose every replica died without notice: it is never served stale."""
+
+    code = "version_lost"
+
+
+class ManifestMismatchError(HubError):
+    """A shard's manifest disagrees with another shard of the same version, or with itself."""
+
+    code = "manifest_mismatch"
+
+
+class ShardError(HubError):
+    """A shard coordinate outside its group, or a group layout that disagrees."""
+
+    code = "shard"
+
+
+class BufferMismatchError(HubError):
+    """`into` tensors whose names, shapes or dtypes do not match the version's manifest."""
+
+    code = "buffer_mismatch"
+
+
+class NotJoinedError(HubError):
+    """A call that needs `join()` first, or a worker id the hub does not know (expired?)."""
+
+    code = "not_joined"
+
+
+class NotAReplicaError(HubError):
+    """`release` of a (model, version, shard) that this worker does not hold."""
+
+    code = "not_a_replica"
+
+
+class TicketError(HubError):
+    """A data-plane read with a missing, forged, expired or mismatched ticket."""
+
+    code = "ticket"
+
+
+class ProtocolError(HubError):
+    """A malformed, oversized or unexpected frame on the control or data plane."""
+
+    code = "protocol"
+
+
+class TransferError(HubError):
+    """A data-plane read failed: peer died, timed out, or sent bytes whose checksum is wrong."""
+
+    code = "transfer"
+
+
+class ChecksumError(TransferError):
+    """A received unit's checksum differs from the manifest's: the bytes are discarded."""
+
+    code = "checksum"
+
+
+class TransportUnavailableError(HubError):
+    """A transport that cannot run here (missing device, permission, native build)."""
+
+    code = "transport_unavailable"
+
+
+class HubUnavailableError(HubError):
+    """The hub did not answer within the client's deadline."""
+
+    code = "hub_unavailable"
+
+
+class TimeoutError_(HubError):
+    """A hub operation (e.g. a release waiting for readers to drain) exceeded its deadline."""
+
+    code = "timeout"
+
+
+_BY_CODE = {cls.code: cls for cls in list(globals().values())
+            if isinstance(cls, type) and issubclass(cls, HubError)}
+
+
+def error_from_code(code: str, message: str) -> HubError:
+    """Rebuild the typed error the hub sent as (code, message)."""
+    return _BY_CODE.get(code, HubError)(message)

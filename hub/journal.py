@@ -1,0 +1,63 @@
+"""The hub's durable state: committed versions and their manifests, in SQLite (WAL).
+
+Replica locations are soft state (workers re-register them); what must survive a `kill -9` of the
+hub is which versions were committed, with which manifests, and the highest version number ever
+committed per model, so a restarted hub never reuses a version number. A commit is journaled
+(and fsynced by SQLite) *before* it becomes visible.
+"""
+from __future__ import annotations
+
+import sqlite3
+import threading
+
+import msgpack
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS versions (
+  model TEXT NOT NULL, version INTEGER NOT NULL, tp_size INTEGER NOT NULL, pp_size INTEGER NOT NULL,
+  manifests BLOB NOT NULL, committed_at REAL NOT NULL, PRIMARY KEY (model, version));
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
+"""
+
+
+class Journal:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(_SCHEMA)
+
+    def record_commit(self, model: str, version: int, group: tuple[int, int],
+                      manifests: dict[str, dict], at: float) -> None:
+        blob = msgpack.packb(manifests)
+        with self._lock:
+            self._db.execute("INSERT INTO versions VALUES (?,?,?,?,?,?)",
+                             (model, version, group[0], group[1], blob, at))
+
+    def forget(self, model: str, below: int) -> None:
+        """Drop manifests of versions below `below` (the numbers stay reserved via max())."""
+        with self._lock:
+            self._db.execute("DELETE FROM versions WHERE model=? AND version<? AND version < "
+                             "(SELECT MAX(version) FROM versions WHERE model=?)", (model, below, model))
+
+    def load(self) -> list[tuple[str, int, tuple[int, int], dict[str, dict], float]]:
+        with self._lock:
+            rows = self._db.execute("SELECT model, version, tp_size, pp_size, manifests, committed_at "
+                                    "FROM versions ORDER BY model, version").fetchall()
+        return [(m, v, (tp, pp), msgpack.unpackb(b, strict_map_key=False), at)
+                for m, v, tp, pp, b, at in rows]
+
+    def get_meta(self, key: str):
+        with self._lock:
+            row = self._db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return None if row is None else msgpack.unpackb(row[0])
+
+    def set_meta(self, key: str, value) -> None:
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO meta VALUES (?,?)", (key, msgpack.packb(value)))
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()

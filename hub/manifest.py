@@ -1,0 +1,196 @@
+"""Manifests: what a (model, version, shard) is made of, cut into checksummed transfer units.
+
+A manifest lists the shard's tensors in order (name, dtype, shape, bytes) and its *transfer units*.
+A large tensor is split into chunks of `chunk_bytes`; tensors smaller than `pack_below` are packed
+together into one unit up to `pack_bytes` (tiny-tensor compaction: a model's many biases and norms
+then cost one request, not hundreds). Every unit carries an xxh3-64 checksum of its bytes; readers
+verify each unit before they use it or serve it on.
+
+    >>> import torch
+    >>> m = build_manifest({"w": torch.zeros(4, 4), "b": torch.zeros(4)}, ManifestConfig())
+    >>> [t.name for t in m.tensors], len(m.units)
+    (['w', 'b'], 1)
+
+The hub never sees tensor bytes: only this metadata crosses the control plane.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import xxhash
+
+from .errors import BufferMismatchError, ManifestMismatchError
+
+_DTYPES = {str(d).removeprefix("torch."): d for d in (
+    torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.uint8,
+    torch.int16, torch.int32, torch.int64, torch.bool, torch.float8_e4m3fn, torch.float8_e5m2)}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    name = str(dtype).removeprefix("torch.")
+    if name not in _DTYPES:
+        raise BufferMismatchError(f"dtype {dtype} is not supported by the hub")
+    return name
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise ManifestMismatchError(f"unknown dtype {name!r} in manifest") from None
+
+
+def byte_view(t: torch.Tensor) -> memoryview:
+    """A zero-copy writable view of a contiguous CPU tensor's bytes."""
+    if t.device.type != "cpu":
+        raise BufferMismatchError(f"tensor on {t.device}: this transport serves host memory only")
+    if not t.is_contiguous():
+        raise BufferMismatchError("tensor is not contiguous: call .contiguous() and publish/fetch that")
+    if t.numel() == 0:
+        return memoryview(bytearray(0))
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy()).cast("B")
+
+
+@dataclass(kw_only=True, slots=True)
+class ManifestConfig:
+    chunk_bytes: int = 8 << 20
+    """Large tensors are cut into transfer units of this many bytes."""
+    pack_below: int = 256 << 10
+    """Tensors smaller than this are packed together (tiny-tensor compaction)."""
+    pack_bytes: int = 4 << 20
+    """A packed unit holds tiny tensors up to this many bytes."""
+
+    def __post_init__(self) -> None:
+        if self.chunk_bytes <= 0 or self.pack_bytes <= 0 or self.pack_below < 0:
+            raise ValueError("ManifestConfig sizes must be positive")
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """A transfer unit: byte ranges (tensor index, offset, length) sent back to back."""
+
+    segments: tuple[tuple[int, int, int], ...]
+    nbytes: int
+    checksum: int
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    tensors: tuple[TensorSpec, ...]
+    units: tuple[Unit, ...]
+    nbytes: int = field(default=0)
+
+    def to_wire(self) -> dict:
+        return {"t": [[s.name, s.dtype, list(s.shape), s.nbytes] for s in self.tensors],
+                "u": [[u.nbytes, u.checksum, [list(g) for g in u.segments]] for u in self.units]}
+
+    @classmethod
+    def from_wire(cls, d: dict) -> "Manifest":
+        try:
+            tensors = tuple(TensorSpec(str(n), str(dt), tuple(int(x) for x in shp), int(nb))
+                            for n, dt, shp, nb in d["t"])
+            units = tuple(Unit(tuple((int(a), int(b), int(c)) for a, b, c in segs), int(nb), int(cs))
+                          for nb, cs, segs in d["u"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ManifestMismatchError(f"malformed manifest: {e}") from None
+        m = cls(tensors, units, sum(s.nbytes for s in tensors))
+        m.validate()
+        return m
+
+    def validate(self) -> None:
+        """Structural checks: every byte of every tensor is covered by exactly one unit segment."""
+        names = [s.name for s in self.tensors]
+        if len(set(names)) != len(names):
+            raise ManifestMismatchError("duplicate tensor names in manifest")
+        covered = [0] * len(self.tensors)
+        for i, s in enumerate(self.tensors):
+            dtype = dtype_from_name(s.dtype)
+            n = 1
+            for x in s.shape:
+                if x < 0:
+                    raise ManifestMismatchError(f"negative dimension in {s.name}")
+                n *= x
+            if n * dtype.itemsize != s.nbytes:
+                raise ManifestMismatchError(f"{s.name}: nbytes {s.nbytes} != shape x itemsize")
+        for u in self.units:
+            if sum(g[2] for g in u.segments) != u.nbytes:
+                raise ManifestMismatchError("unit size differs from its segments")
+            for ti, off, ln in u.segments:
+                if not 0 <= ti < len(self.tensors) or off != covered[ti] or ln <= 0:
+                    raise ManifestMismatchError("unit segments do not tile the tensors in order")
+                covered[ti] += ln
+        if any(c != s.nbytes for c, s in zip(covered, self.tensors)):
+            raise ManifestMismatchError("units do not cover every tensor byte")
+
+    def layout_key(self) -> tuple:
+        """What every copy of the same shard must agree on, checksums aside."""
+        return (self.tensors, tuple((u.segments, u.nbytes) for u in self.units))
+
+    def check_buffers(self, into: dict[str, torch.Tensor]) -> None:
+        """Raise BufferMismatchError unless `into` has exactly this manifest's names, shapes, dtypes."""
+        want = {s.name: s for s in self.tensors}
+        missing, extra = sorted(set(want) - set(into)), sorted(set(into) - set(want))
+        if missing or extra:
+            raise BufferMismatchError(f"into tensors: missing {missing[:5]}, unexpected {extra[:5]}")
+        for name, s in want.items():
+            t = into[name]
+            if tuple(t.shape) != s.shape or dtype_name(t.dtype) != s.dtype:
+                raise BufferMismatchError(
+                    f"into[{name!r}] is {tuple(t.shape)} {t.dtype}; the version has {s.shape} {s.dtype}")
+            if not t.is_contiguous():
+                raise BufferMismatchError(f"into[{name!r}] is not contiguous")
+            if t.device.type != "cpu":
+                raise BufferMismatchError(f"into[{name!r}] is on {t.device}; host memory expected")
+
+
+def unit_checksum(views: list[memoryview], unit: Unit) -> int:
+    h = xxhash.xxh3_64()
+    for ti, off, ln in unit.segments:
+        h.update(views[ti][off:off + ln])
+    return h.intdigest()
+
+
+def build_manifest(tensors: dict[str, torch.Tensor], cfg: ManifestConfig) -> Manifest:
+    """Describe live tensors (no copy) and checksum every unit of them."""
+    specs, views = [], []
+    for name, t in tensors.items():
+        if not isinstance(name, str) or not isinstance(t, torch.Tensor):
+            raise BufferMismatchError("tensors must be a dict of str -> torch.Tensor")
+        views.append(byte_view(t))
+        specs.append(TensorSpec(name, dtype_name(t.dtype), tuple(t.shape), t.numel() * t.element_size()))
+    plans: list[list[tuple[int, int, int]]] = []
+    pack: list[tuple[int, int, int]] = []
+    pack_size = 0
+    for i, s in enumerate(specs):
+        if s.nbytes == 0:
+            continue
+        if s.nbytes < cfg.pack_below:
+            if pack and pack_size + s.nbytes > cfg.pack_bytes:
+                plans.append(pack)
+                pack, pack_size = [], 0
+            pack.append((i, 0, s.nbytes))
+            pack_size += s.nbytes
+            continue
+        for off in range(0, s.nbytes, cfg.chunk_bytes):
+            plans.append([(i, off, min(cfg.chunk_bytes, s.nbytes - off))])
+    if pack:
+        plans.append(pack)
+    units = []
+    for segs in plans:
+        u = Unit(tuple(segs), sum(g[2] for g in segs), 0)
+        units.append(Unit(u.segments, u.nbytes, unit_checksum(views, u)))
+    return Manifest(tuple(specs), tuple(units), sum(s.nbytes for s in specs))
+
+
+def allocate(manifest: Manifest) -> dict[str, torch.Tensor]:
+    """Fresh host buffers shaped like the manifest's tensors."""
+    return {s.name: torch.empty(s.shape, dtype=dtype_from_name(s.dtype)) for s in manifest.tensors}

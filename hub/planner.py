@@ -1,0 +1,90 @@
+"""The planner: which replicas serve which units of one fetch. Pure logic, no I/O.
+
+Rules, in order (DESIGN.md §2):
+1. Topology: a source in the reader's host beats its rack, its DC, then another DC.
+2. Fan-out cap: a worker already serving `fanout_cap` fetches is not chosen while another source
+   in a tier no worse is under its cap; in-progress readers (relays) are sources too, so with a cap
+   of 1 a crowd of readers becomes a chain that pipelines (A→B→C ...).
+3. Cross-DC: at most `cross_dc_streams` transfers of a version cross into one DC at a time; later
+   readers there use in-DC relays even over their cap, so a version crosses the DC link ~once.
+4. Within the chosen tier, least loaded first (full before relay at equal load); units are striped over
+   up to `max_sources` of them when the shard is at least `stripe_min_bytes`.
+
+    >>> from rlsync.hub.location import Location
+    >>> here = Location(host="a")
+    >>> srcs = [Source("trainer", "w0", Location(host="b"), full=True, load=0)]
+    >>> Planner(PlannerConfig()).choose_sources(here, srcs, [10, 10])
+    {'trainer': [0, 1]}
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .location import CROSS_DC, Location
+
+
+@dataclass(kw_only=True, slots=True)
+class PlannerConfig:
+    fanout_cap: int = 4
+    """Concurrent fetches one worker serves before the planner prefers other sources."""
+    max_sources: int = 2
+    """Most sources one fetch stripes its units over."""
+    stripe_min_bytes: int = 32 << 20
+    """Shards smaller than this are read from a single source."""
+    cross_dc_streams: int = 1
+    """Concurrent transfers of one version allowed to cross into a DC; later readers relay in-DC."""
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    replica_id: str
+    worker_id: str
+    location: Location
+    full: bool
+    """True for a complete replica (live or seed); False for a relay still receiving."""
+    load: int
+    """Fetches currently reading from this worker (its uplink), across all its replicas."""
+
+
+class Planner:
+    def __init__(self, cfg: PlannerConfig) -> None:
+        self.cfg = cfg
+
+    def choose_sources(self, reader: Location, sources: list[Source], unit_sizes: list[int],
+                       cross_dc_inflight: int = 0) -> dict[str, list[int]]:
+        """Map replica_id -> the unit indices it serves, in increasing order. Empty sources → {}."""
+        if not sources:
+            return {}
+        cap = max(1, self.cfg.fanout_cap)
+
+        def rank(s: Source) -> tuple:
+            return (reader.distance(s.location), not s.full, s.load, s.replica_id)
+
+        under = [s for s in sources if s.load < cap]
+        in_dc = [s for s in sources if reader.distance(s.location) < CROSS_DC]
+        if under:
+            best = min(under, key=rank)
+            if (reader.distance(best.location) == CROSS_DC and in_dc
+                    and cross_dc_inflight >= self.cfg.cross_dc_streams):
+                # The version is already crossing into this DC: relay from inside it, over cap.
+                pool = in_dc
+            else:
+                pool = under
+        else:
+            pool = in_dc if (in_dc and cross_dc_inflight >= self.cfg.cross_dc_streams) else sources
+        best_tier = min(reader.distance(s.location) for s in pool)
+        tier = sorted((s for s in pool if reader.distance(s.location) == best_tier),
+                      key=lambda s: (s.load, not s.full, s.replica_id))
+        # One source per worker: two replicas on the same worker share its uplink.
+        chosen, seen = [], set()
+        for s in tier:
+            if s.worker_id not in seen:
+                chosen.append(s)
+                seen.add(s.worker_id)
+        n = 1 if sum(unit_sizes) < self.cfg.stripe_min_bytes else max(1, self.cfg.max_sources)
+        chosen = chosen[:min(n, len(unit_sizes)) or 1]
+        plan: dict[str, list[int]] = {s.replica_id: [] for s in chosen}
+        ids = [s.replica_id for s in chosen]
+        for u in range(len(unit_sizes)):
+            plan[ids[u % len(ids)]].append(u)
+        return {k: v for k, v in plan.items() if v} or {ids[0]: []}

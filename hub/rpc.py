@@ -1,0 +1,99 @@
+"""Control-plane RPC: ZeroMQ (ROUTER on the hub, DEALER per client) carrying msgpack maps.
+
+Why ZeroMQ + msgpack (docs/architecture.md): the hub is one single-threaded event loop that must
+answer some calls *later* (a release waits for in-flight reads to drain) while serving others;
+a ROUTER socket gives exactly that (reply to any peer at any time) with no framing of ours, and
+msgpack carries bytes (tickets, manifests) without base64. gRPC would bring codegen and a thread
+pool for a dozen small messages.
+
+Request:  {"id": int, "op": str, "token": str, "args": {...}}
+Reply:    {"id": int, "ok": True, "result": ...} | {"id": int, "ok": False, "error": [code, message]}
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import secrets
+import threading
+import time
+
+import msgpack
+import zmq
+
+from .errors import HubUnavailableError, ProtocolError, error_from_code
+
+MAX_MESSAGE_BYTES = 64 << 20
+
+
+def pack(obj) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def unpack(data: bytes):
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception as e:
+        raise ProtocolError(f"malformed control message: {type(e).__name__}") from None
+
+
+def read_or_create_token(path: str) -> str:
+    """The shared RPC token: read from `path`, or created there (mode 0600) if absent."""
+    if os.path.exists(path):
+        tok = open(path).read().strip()
+        if not tok:
+            raise ProtocolError(f"token file {path} is empty")
+        return tok
+    tok = secrets.token_hex(24)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(tok + "\n")
+    return tok
+
+
+class RpcChannel:
+    """One DEALER socket to the hub; thread-safe (calls are serialized); typed errors back."""
+
+    def __init__(self, address: str, token: str, timeout_s: float = 30.0) -> None:
+        self.address, self.token, self.timeout_s = address, token, timeout_s
+        self._ctx = zmq.Context.instance()
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._sock = None
+
+    def _socket(self):
+        if self._sock is None:
+            s = self._ctx.socket(zmq.DEALER)
+            s.setsockopt(zmq.LINGER, 0)
+            s.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+            s.connect(self.address)
+            self._sock = s
+        return self._sock
+
+    def call(self, op: str, timeout_s: float | None = None, **args):
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        with self._lock:
+            rid = next(self._ids)
+            sock = self._socket()
+            sock.send_multipart([b"", pack({"id": rid, "op": op, "token": self.token, "args": args})])
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while True:
+                wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if not sock.poll(None if wait is None else int(wait * 1000)):
+                    # Drop the socket: a late reply must not be read as the answer to the next call.
+                    sock.close(0)
+                    self._sock = None
+                    raise HubUnavailableError(f"hub at {self.address} did not answer {op!r} within {timeout}s")
+                frames = sock.recv_multipart()
+                msg = unpack(frames[-1])
+                if msg.get("id") != rid:
+                    continue  # a stale reply to a call that timed out earlier
+                if msg.get("ok"):
+                    return msg.get("result")
+                code, text = msg.get("error", ["hub_error", "unknown error"])
+                raise error_from_code(code, text)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._sock is not None:
+                self._sock.close(0)
+                self._sock = None

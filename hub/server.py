@@ -1,0 +1,257 @@
+"""The hub server: one ZeroMQ ROUTER socket, one thread, the `HubState` machine, the journal.
+
+It stores no tensor bytes. It answers joins, publishes, fetch plans (with signed tickets) and
+releases; a release that must wait for in-flight reads to drain is answered later, when the state
+machine says it is done. A periodic tick expires silent workers and re-checks pending releases.
+
+    hub = start_embedded_hub()          # in-process, in one line; hub.address, hub.token
+    python -m rlsync.hub serve --host 127.0.0.1 --port 5555 --token-file tok --journal hub.db
+"""
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+
+import zmq
+
+from . import errors as E
+from .journal import Journal
+from .location import Location
+from .manifest import Manifest
+from .rpc import MAX_MESSAGE_BYTES, pack, read_or_create_token, unpack
+from .shard import Shard
+from .state import DONE, PENDING, HubConfig, HubState
+from .tickets import Ticket, TicketSigner
+
+log = logging.getLogger(__name__)
+
+TICK_S = 0.2
+
+
+class HubServer:
+    def __init__(self, *, host: str = "127.0.0.1", port: int = 0, token: str, journal: str,
+                 config: HubConfig | None = None) -> None:
+        self.cfg = config or HubConfig()
+        self.token = token
+        self.journal = Journal(journal)
+        key = self.journal.get_meta("ticket_key")
+        self.signer = TicketSigner(key)
+        if key is None:
+            self.journal.set_meta("ticket_key", self.signer.private_bytes)
+        try:
+            os.chmod(journal, 0o600)
+        except OSError:
+            pass
+        self.state = HubState(self.cfg, commit_hook=self._journal_commit)
+        for model, version, group, manifests, _ in self.journal.load():
+            self.state.restore_committed(model, version, group,
+                                         {k: Manifest.from_wire(m) for k, m in manifests.items()})
+        self._ctx = zmq.Context.instance()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        if port == 0:
+            port = self._sock.bind_to_random_port(f"tcp://{host}")
+        else:
+            self._sock.bind(f"tcp://{host}:{port}")
+        self.address = f"tcp://{host}:{port}"
+        self._waiting: dict[str, list[tuple[bytes, int]]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.rpc_count = 0
+        self.bytes_in = 0
+        self.bytes_out = 0
+
+    def _journal_commit(self, model, version, group, manifests) -> None:
+        self.journal.record_commit(model, version, group, manifests, time.time())
+        keep = self.cfg.retention.retain_last
+        self.journal.forget(model, below=version - keep - 64)
+
+    # ------------------------------------------------------------------ loop
+    def serve_forever(self) -> None:
+        log.info("hub serving on %s (journal %s)", self.address, self.journal.path)
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        next_tick = time.monotonic() + TICK_S
+        while not self._stop.is_set():
+            events = dict(poller.poll(max(0, int((next_tick - time.monotonic()) * 1000))))
+            if self._sock in events:
+                for _ in range(256):
+                    try:
+                        frames = self._sock.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    self._handle(frames)
+                self._flush_releases()
+            if time.monotonic() >= next_tick:
+                if self.state.expire():
+                    pass
+                self._flush_releases()
+                next_tick = time.monotonic() + TICK_S
+        self._sock.close(0)
+        self.journal.close()
+
+    def start(self) -> "HubServer":
+        self._thread = threading.Thread(target=self.serve_forever, name="rlsync-hub", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    # ------------------------------------------------------------------ requests
+    def _reply(self, ident: bytes, rid, ok: bool, payload) -> None:
+        msg = {"id": rid, "ok": ok, ("result" if ok else "error"): payload}
+        data = pack(msg)
+        self.bytes_out += len(data)
+        self._sock.send_multipart([ident, b"", data])
+
+    def _handle(self, frames: list[bytes]) -> None:
+        if len(frames) < 2:
+            return
+        ident, data = frames[0], frames[-1]
+        self.bytes_in += len(data)
+        rid = None
+        try:
+            msg = unpack(data)
+            if not isinstance(msg, dict):
+                raise E.ProtocolError("control message must be a map")
+            rid = msg.get("id")
+            tok = msg.get("token")
+            if not isinstance(tok, str) or not hmac.compare_digest(tok.encode(), self.token.encode()):
+                raise E.AuthError("missing or wrong hub token")
+            op, args = msg.get("op"), msg.get("args") or {}
+            handler = getattr(self, f"op_{op}", None) if isinstance(op, str) else None
+            if handler is None or not isinstance(args, dict):
+                raise E.ProtocolError(f"unknown operation {op!r}")
+            self.rpc_count += 1
+            result = handler(ident, rid, **args)
+            if result is not _DEFERRED:
+                self._reply(ident, rid, True, result)
+        except E.HubError as e:
+            self._reply(ident, rid, False, [e.code, str(e)])
+        except TypeError as e:  # wrong/missing arguments
+            self._reply(ident, rid, False, ["protocol", f"bad arguments: {e}"])
+        except Exception as e:  # never let one request kill the hub
+            log.exception("hub: internal error")
+            self._reply(ident, rid, False, ["hub_error", f"internal error: {type(e).__name__}: {e}"])
+
+    def _flush_releases(self) -> None:
+        for rep, outcome in self.state.poll_releases().items():
+            for ident, rid in self._waiting.pop(rep, []):
+                self._reply(ident, rid, True, str(outcome))
+        for rep in [r for r in self._waiting if r not in self.state.pending_releases]:
+            for ident, rid in self._waiting.pop(rep):
+                self._reply(ident, rid, True, str(DONE))
+
+    # ------------------------------------------------------------------ operations
+    def op_ping(self, ident, rid):
+        return {"time": time.time()}
+
+    def op_join(self, ident, rid, name: str, location: dict, endpoint: dict, worker_id: str | None = None):
+        wid = self.state.join(str(name), Location.from_wire(location), dict(endpoint), worker_id)
+        log.info("worker %s (%s) joined at %s", wid, name, location)
+        return {"wid": wid, "ticket_key": self.signer.public_bytes,
+                "worker_timeout_s": self.cfg.worker_timeout_s}
+
+    def op_heartbeat(self, ident, rid, wid: str):
+        self.state.touch(wid)
+        return {"drops": self.state.drops_for(wid)}
+
+    def op_leave(self, ident, rid, wid: str):
+        self.state.touch(wid)
+        return {"dropped": self.state.remove_worker(wid)}
+
+    def op_publish(self, ident, rid, wid: str, model: str, version: int, shard, manifest: dict):
+        m = Manifest.from_wire(manifest)
+        committed = self.state.publish(wid, _name(model), version, Shard.from_wire(shard), m)
+        return {"committed": committed, "latest": self.state.models[model].latest}
+
+    def op_register(self, ident, rid, wid: str, model: str, version: int, shard, slot: str, manifest: dict):
+        return self.state.register_replica(wid, _name(model), int(version), Shard.from_wire(shard), slot,
+                                           Manifest.from_wire(manifest))
+
+    def op_fetch(self, ident, rid, wid: str, model: str, version, shard, group=None, into_spec=None):
+        grp = (str(group[0]), group[1]) if group else None
+        plan = self.state.plan_fetch(wid, _name(model), version, Shard.from_wire(shard), grp, into_spec)
+        exp = time.time() + self.cfg.ticket_ttl_s
+        return {"fetch_id": plan.fetch_id, "version": plan.version, "manifest": plan.manifest.to_wire(),
+                "sources": [{"replica": rep.id, "worker": w.id, "endpoint": w.endpoint,
+                             "location": w.location.to_wire(), "units": units, "full": rep.full,
+                             "ticket": self.signer.sign(Ticket(plan.fetch_id, wid, w.id, rep.id, exp))}
+                            for rep, w, units in plan.sources]}
+
+    def op_fetch_done(self, ident, rid, wid: str, fetch_id: str, ok: bool):
+        self.state.fetch_done(wid, fetch_id, bool(ok))
+        return True
+
+    def op_release(self, ident, rid, wid: str, model: str, version: int, shard, slot: str = "live"):
+        outcome = self.state.release(wid, _name(model), int(version), Shard.from_wire(shard), slot)
+        if outcome is PENDING:
+            rep = f"{wid}:{model}:{version}:{Shard.from_wire(shard).key}:{slot}"
+            self._waiting.setdefault(rep, []).append((ident, rid))
+            return _DEFERRED
+        return str(outcome)
+
+    def op_latest(self, ident, rid, model: str):
+        return self.state.model(_name(model)).latest
+
+    def op_stats(self, ident, rid):
+        s = self.state.stats()
+        s.update(rpc_count=self.rpc_count, rpc_bytes_in=self.bytes_in, rpc_bytes_out=self.bytes_out)
+        return s
+
+
+_DEFERRED = object()
+
+
+def _name(model) -> str:
+    if not isinstance(model, str) or not model or len(model) > 256 or ":" in model:
+        raise E.ProtocolError(f"model name must be a non-empty string without ':' (<=256 chars), got {model!r}")
+    return model
+
+
+@dataclass
+class EmbeddedHub:
+    """A hub running in a thread of this process."""
+
+    server: HubServer
+    address: str
+    token: str
+
+    def stop(self) -> None:
+        self.server.stop()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def start_embedded_hub(*, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
+                       journal: str | None = None, config: HubConfig | None = None) -> EmbeddedHub:
+    """Start a hub in a background thread of this process and return its address and token."""
+    import secrets
+    token = token or secrets.token_hex(24)
+    if journal is None:
+        journal = os.path.join(tempfile.mkdtemp(prefix="rlsync-hub-"), "journal.db")
+    server = HubServer(host=host, port=port, token=token, journal=journal, config=config).start()
+    return EmbeddedHub(server, server.address, token)
+
+
+def serve_main(host: str, port: int, token_file: str, journal: str, config: HubConfig | None = None) -> None:
+    token = read_or_create_token(token_file)
+    server = HubServer(host=host, port=port, token=token, journal=journal, config=config)
+    print(f"rlsync hub listening on {server.address}", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass

@@ -1,0 +1,421 @@
+"""The hub's bookkeeping as a state machine: models, versions, replicas, fetches. No I/O.
+
+The server feeds it one request at a time (it is single-threaded by design) and turns its answers
+into replies. Every method validates its whole input before it changes anything, so a refused call
+leaves the state exactly as it was. Durability goes through the `commit_hook` (the journal), which
+runs before a commit becomes visible.
+
+Replica ids are `worker:model:version:shard:slot`; slot is `live` (the worker's own buffers: a
+trainer's parameters or a reader's fetch target) or `seed` (a host copy made by offload-seeding).
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from . import errors as E
+from .location import CROSS_DC, Location
+from .manifest import Manifest
+from .planner import Planner, PlannerConfig, Source
+from .retention import Decision, RetentionConfig, RetentionPolicy
+from .shard import Shard
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True, slots=True)
+class HubConfig:
+    planner: PlannerConfig = field(default_factory=PlannerConfig)
+    """Source selection (topology, fan-out cap, striping, cross-DC)."""
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
+    """Which versions stay retrievable, and how the last replica lets go."""
+    worker_timeout_s: float = 15.0
+    """A worker silent for this long (no RPC, no heartbeat) is expired and its replicas dropped."""
+    ticket_ttl_s: float = 600.0
+    """Lifetime of a data-plane ticket issued with a fetch plan."""
+
+
+@dataclass(slots=True)
+class WorkerRec:
+    id: str
+    name: str
+    location: Location
+    endpoint: dict
+    last_seen: float
+
+
+@dataclass(slots=True)
+class ReplicaRec:
+    id: str
+    worker: str
+    model: str
+    version: int
+    shard: str
+    slot: str
+    full: bool
+    releasing: bool = False
+
+
+@dataclass(slots=True)
+class VersionRec:
+    version: int
+    group: tuple[int, int]
+    manifests: dict[str, Manifest] = field(default_factory=dict)
+    committed: bool = False
+
+
+@dataclass(slots=True)
+class FetchRec:
+    id: str
+    reader: str
+    model: str
+    version: int
+    shard: str
+    sources: dict[str, list[int]]
+    relay: str
+    started: float
+
+
+@dataclass(slots=True)
+class Pin:
+    version: int
+    size: int
+    served: set[str] = field(default_factory=set)
+
+
+@dataclass(slots=True)
+class ModelRec:
+    name: str
+    versions: dict[int, VersionRec] = field(default_factory=dict)
+    committed: list[int] = field(default_factory=list)
+    pins: dict[str, Pin] = field(default_factory=dict)
+
+    @property
+    def latest(self) -> int | None:
+        return self.committed[-1] if self.committed else None
+
+
+@dataclass(slots=True)
+class Plan:
+    fetch_id: str
+    version: int
+    manifest: Manifest
+    sources: list[tuple[ReplicaRec, WorkerRec, list[int]]]
+
+
+class Release(str):
+    """Outcome of a release step: DONE, SEED (copy first, then release again) or PENDING."""
+
+
+DONE, SEED, PENDING = Release("done"), Release("seed"), Release("pending")
+
+
+class HubState:
+    def __init__(self, cfg: HubConfig, commit_hook: Callable[..., None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.cfg = cfg
+        self.planner = Planner(cfg.planner)
+        self.retention = RetentionPolicy(cfg.retention)
+        self.commit_hook = commit_hook
+        self.clock = clock
+        self.workers: dict[str, WorkerRec] = {}
+        self.models: dict[str, ModelRec] = {}
+        self.replicas: dict[str, ReplicaRec] = {}
+        self.fetches: dict[str, FetchRec] = {}
+        self.pending_releases: set[str] = set()
+        self._ids = itertools.count(1)
+
+    # ---------------------------------------------------------------- workers
+    def join(self, name: str, location: Location, endpoint: dict, worker_id: str | None = None) -> str:
+        wid = worker_id or f"w{next(self._ids)}"
+        self.workers[wid] = WorkerRec(wid, name, location, endpoint, self.clock())
+        return wid
+
+    def touch(self, wid: str) -> WorkerRec:
+        w = self.workers.get(wid)
+        if w is None:
+            raise E.NotJoinedError(f"worker {wid!r} is not joined (never joined, left, or expired)")
+        w.last_seen = self.clock()
+        return w
+
+    def remove_worker(self, wid: str) -> list[str]:
+        """Forget a worker (leave or expiry): its replicas, its fetches as reader. Returns replica ids."""
+        self.workers.pop(wid, None)
+        gone = [r for r in self.replicas if self.replicas[r].worker == wid]
+        for fid in [f.id for f in self.fetches.values() if f.reader == wid]:
+            self.fetches.pop(fid)
+        for rid in gone:
+            self.replicas.pop(rid)
+            self.pending_releases.discard(rid)
+        return gone
+
+    def expire(self) -> list[str]:
+        cutoff = self.clock() - self.cfg.worker_timeout_s
+        dead = [w.id for w in self.workers.values() if w.last_seen < cutoff]
+        for wid in dead:
+            log.warning("worker %s (%s) expired: no heartbeat for %.1fs", wid,
+                        self.workers[wid].name, self.cfg.worker_timeout_s)
+            self.remove_worker(wid)
+        return dead
+
+    # ---------------------------------------------------------------- queries
+    def model(self, name: str) -> ModelRec:
+        m = self.models.get(name)
+        if m is None or not m.versions:
+            raise E.UnknownModelError(f"unknown model {name!r}; known: {sorted(self.models)[:10]}")
+        return m
+
+    def replicas_of(self, model: str, version: int, shard: str) -> list[ReplicaRec]:
+        return [r for r in self.replicas.values()
+                if r.model == model and r.version == version and r.shard == shard]
+
+    def is_retained(self, model: str, version: int) -> bool:
+        m = self.models.get(model)
+        if m is None:
+            return False
+        if version in m.committed[-self.cfg.retention.retain_last:]:
+            return True
+        if any(p.version == version for p in m.pins.values()):
+            return True
+        return any(f.model == model and f.version == version for f in self.fetches.values())
+
+    def inflight_from(self, replica_id: str) -> int:
+        return sum(1 for f in self.fetches.values() if replica_id in f.sources)
+
+    def worker_load(self, wid: str) -> int:
+        return sum(1 for f in self.fetches.values()
+                   for rid in f.sources if self.replicas.get(rid, None) and self.replicas[rid].worker == wid)
+
+    # ---------------------------------------------------------------- publish
+    def publish(self, wid: str, model: str, version: int, shard: Shard, manifest: Manifest) -> bool:
+        """Register `wid`'s live tensors as a full replica of (model, version, shard). True if it committed."""
+        self.touch(wid)
+        if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+            raise E.VersionError(f"version must be a non-negative int, got {version!r}")
+        m = self.models.get(model)
+        if m is not None and m.latest is not None and version <= m.latest:
+            raise E.VersionError(f"{model!r} version {version} <= latest committed {m.latest}: "
+                                 "versions are immutable and strictly increasing")
+        v = m.versions.get(version) if m else None
+        rid = f"{wid}:{model}:{version}:{shard.key}:live"
+        if rid in self.replicas:
+            raise E.VersionError(f"{model!r} v{version} {shard.key} already published by this worker")
+        if v is not None:
+            if v.group != shard.group:
+                raise E.ShardError(f"{model!r} v{version} has group tp×pp={v.group}; this shard says {shard.group}")
+            same = v.manifests.get(shard.key)
+            if same is not None and same != manifest:
+                raise E.ManifestMismatchError(
+                    f"{model!r} v{version} {shard.key} was published with a different manifest "
+                    "(other bytes or layout): a version is immutable")
+            for key, other in v.manifests.items():
+                if key.split("-")[1] == shard.key.split("-")[1] and key != shard.key:
+                    a = [(t.name, t.dtype) for t in other.tensors]
+                    b = [(t.name, t.dtype) for t in manifest.tensors]
+                    if a != b:
+                        raise E.ManifestMismatchError(
+                            f"{model!r} v{version}: shard {shard.key}'s tensors (names/dtypes) disagree "
+                            f"with shard {key} of the same pipeline stage")
+        commits = (v is None and shard.group_count == 1) or (
+            v is not None and shard.key not in v.manifests and len(v.manifests) + 1 == shard.group_count)
+        if commits and self.commit_hook is not None:
+            manifests = dict(v.manifests) if v else {}
+            manifests[shard.key] = manifest
+            self.commit_hook(model, version, shard.group, {k: x.to_wire() for k, x in manifests.items()})
+        # -- validated (and journaled if committing): mutate
+        if m is None:
+            m = self.models[model] = ModelRec(model)
+        if v is None:
+            v = m.versions[version] = VersionRec(version, shard.group)
+        v.manifests[shard.key] = manifest
+        self.replicas[rid] = ReplicaRec(rid, wid, model, version, shard.key, "live", True)
+        if commits:
+            v.committed = True
+            m.committed.append(version)
+            m.committed.sort()
+            log.info("committed %s v%d (%d shard%s)", model, version, shard.group_count,
+                     "s" if shard.group_count > 1 else "")
+        return commits
+
+    def restore_committed(self, model: str, version: int, group: tuple[int, int],
+                          manifests: dict[str, Manifest]) -> None:
+        """Re-create a committed version from the journal (no replicas: workers re-register them)."""
+        m = self.models.setdefault(model, ModelRec(model))
+        m.versions[version] = VersionRec(version, group, dict(manifests), True)
+        if version not in m.committed:
+            m.committed.append(version)
+            m.committed.sort()
+
+    def register_replica(self, wid: str, model: str, version: int, shard: Shard, slot: str,
+                         manifest: Manifest) -> str:
+        """A worker (re)announces a full replica of a committed version: seeds, and re-registration."""
+        self.touch(wid)
+        m = self.model(model)
+        v = m.versions.get(version)
+        if v is None or not v.committed:
+            raise E.VersionNotFoundError(f"{model!r} v{version} is not committed")
+        if v.manifests.get(shard.key) != manifest:
+            raise E.ManifestMismatchError(f"{model!r} v{version} {shard.key}: manifest differs from the committed one")
+        if slot not in ("live", "seed"):
+            raise E.ProtocolError(f"unknown replica slot {slot!r}")
+        rid = f"{wid}:{model}:{version}:{shard.key}:{slot}"
+        self.replicas.setdefault(rid, ReplicaRec(rid, wid, model, version, shard.key, slot, True))
+        return rid
+
+    # ---------------------------------------------------------------- fetch
+    def plan_fetch(self, wid: str, model: str, version: int | str, shard: Shard,
+                   group: tuple[str, int] | None = None, into_spec: list | None = None) -> Plan:
+        reader = self.touch(wid)
+        m = self.model(model)
+        pin = None
+        if group is not None:
+            gname, gsize = group
+            if not isinstance(gsize, int) or gsize < 1:
+                raise E.ShardError(f"reader group size must be >= 1, got {gsize!r}")
+            pin = m.pins.get(gname)
+            if pin is None or shard.key in pin.served or pin.size != gsize:
+                if m.latest is None:
+                    raise E.VersionNotFoundError(f"{model!r} has no committed version yet")
+                pin = Pin(m.latest, gsize)
+            ver = pin.version
+        elif version == "latest":
+            if m.latest is None:
+                raise E.VersionNotFoundError(f"{model!r} has no committed version yet")
+            ver = m.latest
+        elif isinstance(version, int) and not isinstance(version, bool):
+            vr = m.versions.get(version)
+            if vr is None or not vr.committed:
+                raise E.VersionNotFoundError(f"{model!r} v{version} was never committed "
+                                             f"(latest: {m.latest})")
+            ver = version
+        else:
+            raise E.VersionError(f"version must be 'latest' or an int, got {version!r}")
+        vr = m.versions[ver]
+        if vr.group != shard.group:
+            raise E.ShardError(f"{model!r} v{ver} has group tp×pp={vr.group}; reader asked {shard.group}")
+        manifest = vr.manifests[shard.key]
+        if into_spec is not None:
+            check_into_spec(manifest, into_spec)
+        relay_id = f"{wid}:{model}:{ver}:{shard.key}:live"
+        if relay_id in self.replicas:
+            raise E.VersionError(f"worker already holds or is fetching {model!r} v{ver} {shard.key}")
+        cands = [r for r in self.replicas_of(model, ver, shard.key)
+                 if not r.releasing and r.worker != wid and r.worker in self.workers]
+        if not cands:
+            if self.is_retained(model, ver):
+                raise E.VersionLostError(f"{model!r} v{ver} {shard.key}: no live replica is left "
+                                         "(its holders died without notice)")
+            raise E.VersionNotRetainedError(f"{model!r} v{ver} is no longer retained and no worker holds it "
+                                            f"(latest: {m.latest})")
+        srcs = [Source(r.id, r.worker, self.workers[r.worker].location, r.full, self.worker_load(r.worker))
+                for r in cands]
+        crossing = sum(1 for f in self.fetches.values()
+                       if f.model == model and f.version == ver and f.reader in self.workers
+                       and self.workers[f.reader].location.dc == reader.location.dc
+                       and any(self.replicas[s].worker in self.workers and
+                               self.workers[self.replicas[s].worker].location.distance(reader.location) == CROSS_DC
+                               for s in f.sources if s in self.replicas))
+        assignment = self.planner.choose_sources(reader.location, srcs, [u.nbytes for u in manifest.units],
+                                                 cross_dc_inflight=crossing)
+        # -- validated: mutate
+        if pin is not None:
+            m.pins[group[0]] = pin
+            pin.served.add(shard.key)
+            if len(pin.served) >= pin.size:
+                del m.pins[group[0]]
+        fid = f"f{next(self._ids)}"
+        self.fetches[fid] = FetchRec(fid, wid, model, ver, shard.key, assignment, relay_id, self.clock())
+        self.replicas[relay_id] = ReplicaRec(relay_id, wid, model, ver, shard.key, "live", full=False)
+        return Plan(fid, ver, manifest,
+                    [(self.replicas[rid], self.workers[self.replicas[rid].worker], units)
+                     for rid, units in assignment.items()])
+
+    def fetch_done(self, wid: str, fid: str, ok: bool) -> None:
+        self.touch(wid)
+        f = self.fetches.get(fid)
+        if f is None or f.reader != wid:
+            raise E.ProtocolError(f"unknown fetch {fid!r} for worker {wid}")
+        del self.fetches[fid]
+        if ok:
+            self.replicas[f.relay].full = True
+        else:
+            self.replicas.pop(f.relay, None)
+
+    # ---------------------------------------------------------------- release
+    def release(self, wid: str, model: str, version: int, shard: Shard, slot: str = "live") -> Release:
+        self.touch(wid)
+        rid = f"{wid}:{model}:{version}:{shard.key}:{slot}"
+        if rid not in self.replicas:
+            raise E.NotAReplicaError(f"worker {wid} holds no {slot} replica of {model!r} v{version} {shard.key}")
+        if not self.replicas[rid].full:
+            raise E.NotAReplicaError(f"{model!r} v{version} {shard.key} is still being fetched by this worker")
+        return self.release_step(rid)
+
+    def release_step(self, rid: str) -> Release:
+        """One evaluation of a release; PENDING ones are re-evaluated by `poll_releases`."""
+        r = self.replicas.get(rid)
+        if r is None:
+            self.pending_releases.discard(rid)
+            return DONE
+        peers = [p for p in self.replicas_of(r.model, r.version, r.shard) if p.id != rid]
+        other_full = sum(1 for p in peers if p.full and not p.releasing)
+        relays = sum(1 for p in peers if not p.full)
+        d = self.retention.decide(retained=self.is_retained(r.model, r.version),
+                                  other_full=other_full, relays=relays)
+        if d is Decision.SEED:
+            if r.slot == "seed":
+                raise E.HubError(f"{rid} is the last replica of a retained version: it cannot be released")
+            r.releasing = False
+            self.pending_releases.discard(rid)
+            return SEED
+        r.releasing = True  # the hub routes no new read to it from here on
+        if d is Decision.WAIT_RELAY or self.inflight_from(rid) > 0:
+            self.pending_releases.add(rid)
+            return PENDING
+        del self.replicas[rid]
+        self.pending_releases.discard(rid)
+        return DONE
+
+    def poll_releases(self) -> dict[str, Release]:
+        """Re-evaluate pending releases; returns those that finished (DONE or SEED)."""
+        out = {}
+        for rid in list(self.pending_releases):
+            res = self.release_step(rid)
+            if res is not PENDING:
+                out[rid] = res
+        return out
+
+    def drops_for(self, wid: str) -> list[str]:
+        """Seeds of `wid` no longer needed (version not retained, nobody reading): dropped now."""
+        out = []
+        for r in list(self.replicas.values()):
+            if (r.worker == wid and r.slot == "seed" and not self.is_retained(r.model, r.version)
+                    and self.inflight_from(r.id) == 0):
+                del self.replicas[r.id]
+                out.append(r.id)
+        return out
+
+    def stats(self) -> dict:
+        return {"workers": len(self.workers), "replicas": len(self.replicas), "fetches": len(self.fetches),
+                "models": {n: {"latest": m.latest, "committed": m.committed[-5:],
+                               "retained": [v for v in m.versions if self.is_retained(n, v)]}
+                           for n, m in self.models.items()}}
+
+
+def check_into_spec(manifest: Manifest, spec: list) -> None:
+    """`spec` is [[name, dtype, shape], ...] of the reader's buffers; must match the manifest exactly."""
+    try:
+        have = {str(n): (str(d), tuple(int(x) for x in shp)) for n, d, shp in spec}
+    except (TypeError, ValueError):
+        raise E.ProtocolError("malformed into spec") from None
+    want = {t.name: (t.dtype, t.shape) for t in manifest.tensors}
+    missing, extra = sorted(set(want) - set(have)), sorted(set(have) - set(want))
+    if missing or extra:
+        raise E.BufferMismatchError(f"into tensors: missing {missing[:5]}, unexpected {extra[:5]}")
+    for name, (dt, shp) in want.items():
+        if have[name] != (dt, shp):
+            raise E.BufferMismatchError(f"into[{name!r}] is {have[name][1]} {have[name][0]}; "
+                                        f"the version has {shp} {dt}")
