@@ -33,7 +33,7 @@ import threading
 import time
 from contextlib import contextmanager
 from enum import Enum
-from typing import Any, Iterable, Iterator, NamedTuple
+from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 __all__ = [
     "State",
@@ -122,7 +122,9 @@ class StallClock:
         *,
         initial: str | State = State.IDLE,
         max_records: int = 100_000,
+        clock: Callable[[], int] = now_ns,
     ) -> None:
+        """`clock`: the time source in ns (default `now_ns`); a simulator or a test passes its own."""
         self.worker_id = str(worker_id)
         self.role = str(role)
         self.pool = pool
@@ -131,8 +133,9 @@ class StallClock:
         self._lock = threading.Lock()
         self._buf: collections.deque[Record] = collections.deque()
         self._max = max_records
+        self._clock = clock
         self._state = State.parse(initial).value
-        self._since = now_ns()
+        self._since = clock()
 
     @property
     def current(self) -> State:
@@ -151,7 +154,7 @@ class StallClock:
         """
         new = State.parse(name).value
         with self._lock:  # read the clock under the lock: a concurrent drain() must not reorder cuts
-            t = now_ns()
+            t = self._clock()
             old = self._state
             if new != old:
                 if t > self._since:
@@ -171,7 +174,7 @@ class StallClock:
     def event(self, name: str, **attrs: Any) -> Event:
         """Record an instant event now (attrs must be picklable plain values)."""
         with self._lock:
-            ev = Event(self.worker_id, self.role, self.pool, str(name), now_ns(), dict(attrs))
+            ev = Event(self.worker_id, self.role, self.pool, str(name), self._clock(), dict(attrs))
             self._append(ev)
         return ev
 
@@ -182,7 +185,7 @@ class StallClock:
         now, so a worker waiting through a window boundary reports that wait on both sides of it.
         """
         with self._lock:
-            t = now_ns()
+            t = self._clock()
             if t > self._since:
                 self._append(Interval(self.worker_id, self.role, self.pool, self._state, self._since, t))
                 self._since = t
