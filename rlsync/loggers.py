@@ -41,6 +41,8 @@ __all__ = [
     "Section",
     "STALL_DASHBOARD",
     "apply_wandb_dashboard",
+    "dashboard_spec",
+    "read_jsonl",
 ]
 
 log = logging.getLogger(__name__)
