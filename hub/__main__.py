@@ -1,0 +1,35 @@
+"""`python -m rlsync.hub serve ...` runs a hub; `python -m rlsync.hub demo` shows one at work."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rlsync.logs import setup_logging
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m rlsync.hub", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("serve", help="run a hub server in the foreground")
+    s.add_argument("--host", default="127.0.0.1", help="bind address (loopback by default)")
+    s.add_argument("--port", type=int, default=0, help="port (0: pick a free one and print it)")
+    s.add_argument("--token-file", required=True, help="shared RPC token; created (0600) if missing")
+    s.add_argument("--journal", required=True, help="SQLite journal of committed versions")
+    s.add_argument("--worker-timeout", type=float, default=15.0, help="expire workers silent this long (s)")
+    d = sub.add_parser("demo", help="hub + publisher + N reader processes on loopback; print who read what")
+    d.add_argument("--readers", type=int, default=4)
+    d.add_argument("--size-mb", type=float, default=64.0)
+    a = p.parse_args(argv)
+    if a.cmd == "serve":
+        setup_logging()
+        from .server import serve_main
+        from .state import HubConfig
+        serve_main(a.host, a.port, a.token_file, a.journal, HubConfig(worker_timeout_s=a.worker_timeout))
+        return 0
+    setup_logging("WARNING")
+    from .demo import run_demo
+    return run_demo(a.readers, a.size_mb)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

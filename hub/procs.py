@@ -1,0 +1,180 @@
+"""Worker processes driven over a pipe: used by `python -m rlsync.hub demo` and the hub's tests.
+
+Each `WorkerProcess` is a real OS process (spawned) with its own `HubClient`, data-plane server
+and tensors. The parent sends it commands (join, publish, fetch, release, overwrite, ...) and gets
+plain-data answers (digests of tensor bytes, who served what), so tests can check bit-for-bit
+equality across processes without shipping weights back.
+"""
+from __future__ import annotations
+
+import hashlib
+import multiprocessing as mp
+import threading
+import time
+import traceback
+
+import torch
+
+
+def make_model(size_mb: float, seed: int, n_small: int = 16) -> dict[str, torch.Tensor]:
+    """A deterministic fake model: a few big matrices plus tiny tensors (biases/norms)."""
+    g = torch.Generator().manual_seed(seed)
+    n_big = 4
+    elems = max(1, int(size_mb * (1 << 20) / 4 / n_big))
+    out = {f"layer{i}.weight": torch.randn(elems, generator=g) for i in range(n_big)}
+    out.update({f"layer{i}.norm": torch.randn(64, generator=g) for i in range(n_small)})
+    return out
+
+
+def digest(tensors: dict[str, torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        h.update(name.encode())
+        t = tensors[name].contiguous()
+        if t.numel():
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _worker_main(conn, address: str, token: str, client_cfg) -> None:
+    from rlsync.logs import setup_logging
+    from .client import HubClient
+    from .location import Location
+    from .shard import Shard
+
+    setup_logging("WARNING")
+    client = HubClient(address, token, config=client_cfg)
+    bufs: dict[str, dict[str, torch.Tensor]] = {}
+    bg: dict[str, threading.Thread] = {}
+    results: dict[str, object] = {}
+
+    def run(cmd: str, kw: dict):
+        if cmd == "join":
+            return client.join(Location(**kw.get("location", {})), kw.get("name", "worker"))
+        if cmd == "publish":
+            t = make_model(kw["size_mb"], kw["seed"])
+            bufs[kw.get("buf", "main")] = t
+            committed = client.publish(kw["model"], kw["version"], t, Shard(*kw.get("shard", (0, 0, 1, 1))))
+            return {"committed": committed, "digest": digest(t)}
+        if cmd == "fetch":
+            into = bufs.get(kw["into"]) if kw.get("into") else None
+            t0 = time.time()
+            r = client.fetch(kw["model"], kw.get("version", "latest"), into=into,
+                             shard=Shard(*kw.get("shard", (0, 0, 1, 1))), group=kw.get("group"))
+            bufs[kw.get("buf", "main")] = r.tensors
+            return {"version": r.version, "digest": digest(r.tensors), "bytes_by_source": r.bytes_by_source,
+                    "transports": r.transports, "seconds": r.seconds, "nbytes": r.nbytes,
+                    "started": t0, "finished": time.time()}
+        if cmd == "release":
+            client.release(kw["model"], kw["version"], Shard(*kw.get("shard", (0, 0, 1, 1))))
+            return {"finished": time.time()}
+        if cmd == "overwrite":
+            for t in bufs[kw.get("buf", "main")].values():
+                t.fill_(kw.get("value", 7.0))
+            return digest(bufs[kw.get("buf", "main")])
+        if cmd == "served":
+            return {rep.id: {"units": rep.units_served, "bytes": rep.bytes_served} for rep in client.store.all()}
+        if cmd == "held":
+            return client.held()
+        if cmd == "leave":
+            client.leave()
+            return True
+        raise ValueError(f"unknown command {cmd}")
+
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            break
+        tag, cmd, kw, background = msg
+        if cmd == "exit":
+            conn.send((tag, True, None))
+            break
+        if cmd == "wait":
+            bg[kw["tag"]].join()
+            ok, val = results.pop(kw["tag"])
+            conn.send((tag, ok, val))
+            continue
+
+        def work(tag=tag, cmd=cmd, kw=kw, background=background):
+            try:
+                out = (True, run(cmd, kw))
+            except Exception as e:  # noqa: BLE001 - shipped to the parent as a typed error
+                out = (False, (type(e).__name__, str(e), traceback.format_exc()))
+            if background:
+                results[tag] = out
+            else:
+                conn.send((tag, *out))
+
+        if background:
+            bg[tag] = threading.Thread(target=work, daemon=True)
+            bg[tag].start()
+            conn.send((tag, True, "started"))
+        else:
+            work()
+    try:
+        client.leave()
+    except Exception:
+        pass
+
+
+class WorkerError(Exception):
+    def __init__(self, kind: str, message: str, tb: str) -> None:
+        super().__init__(f"{kind}: {message}")
+        self.kind, self.message, self.tb = kind, message, tb
+
+
+class WorkerProcess:
+    def __init__(self, address: str, token: str, client_cfg=None, name: str = "worker") -> None:
+        ctx = mp.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self.name = name
+        self.proc = ctx.Process(target=_worker_main, args=(child, address, token, client_cfg),
+                                name=name, daemon=True)
+        self.proc.start()
+        self._n = 0
+        self.wid: str | None = None
+
+    def call(self, cmd: str, timeout: float = 120, **kw):
+        self._n += 1
+        self._conn.send((self._n, cmd, kw, False))
+        return self._answer(timeout)
+
+    def start(self, cmd: str, **kw) -> str:
+        """Run a command in the background in the worker; `wait(tag)` gets its answer."""
+        self._n += 1
+        tag = f"bg{self._n}"
+        self._conn.send((tag, cmd, kw, True))
+        self._answer(30)
+        return tag
+
+    def wait(self, tag: str, timeout: float = 120):
+        self._n += 1
+        self._conn.send((self._n, "wait", {"tag": tag}, False))
+        return self._answer(timeout)
+
+    def _answer(self, timeout: float):
+        if not self._conn.poll(timeout):
+            raise TimeoutError(f"{self.name} did not answer within {timeout}s")
+        _, ok, val = self._conn.recv()
+        if not ok:
+            raise WorkerError(*val)
+        return val
+
+    def join(self, **location) -> str:
+        self.wid = self.call("join", location=location, name=self.name)
+        return self.wid
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.join(5)
+
+    def close(self) -> None:
+        if self.proc.is_alive():
+            try:
+                self._conn.send((0, "exit", {}, False))
+                self.proc.join(10)
+            except (OSError, BrokenPipeError):
+                pass
+        if self.proc.is_alive():
+            self.kill()

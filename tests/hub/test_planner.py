@@ -1,0 +1,56 @@
+from rlsync.hub.location import Location
+from rlsync.hub.planner import Planner, PlannerConfig, Source
+
+
+def src(rid, host="h", rack="r", dc="d", full=True, load=0):
+    return Source(rid, rid, Location(dc=dc, rack=rack, host=host), full, load)
+
+
+def test_topology_preference_host_rack_dc_crossdc():
+    me = Location(dc="d", rack="r", host="h")
+    p = Planner(PlannerConfig())
+    cands = [src("x-dc", dc="other"), src("same-dc", rack="r2", host="z"), src("same-rack", host="z"),
+             src("same-host")]
+    assert list(p.choose_sources(me, cands, [1])) == ["same-host"]
+    assert list(p.choose_sources(me, cands[:3], [1])) == ["same-rack"]
+    assert list(p.choose_sources(me, cands[:2], [1])) == ["same-dc"]
+    assert list(p.choose_sources(me, cands[:1], [1])) == ["x-dc"]
+
+
+def test_fanout_cap_turns_a_crowd_into_a_relay_chain():
+    me = Location(dc="d", rack="r", host="h9")
+    p = Planner(PlannerConfig(fanout_cap=1, max_sources=1))
+    trainer = src("trainer", host="t", load=1)       # already serving reader1
+    relay1 = src("reader1", host="a", full=False, load=0)
+    assert list(p.choose_sources(me, [trainer, relay1], [10] * 4)) == ["reader1"]
+
+
+def test_relay_used_before_over_cap_full_replica_but_full_preferred_at_equal_load():
+    me = Location(host="h")
+    p = Planner(PlannerConfig(fanout_cap=4, max_sources=1))
+    full, relay = src("full", host="a", load=0), src("relay", host="b", full=False, load=0)
+    assert list(p.choose_sources(me, [relay, full], [1])) == ["full"]
+
+
+def test_stripes_units_over_sources_for_large_shards():
+    me = Location(host="h")
+    p = Planner(PlannerConfig(max_sources=2, stripe_min_bytes=100))
+    plan = p.choose_sources(me, [src("a", host="x"), src("b", host="y")], [50] * 6)
+    assert plan == {"a": [0, 2, 4], "b": [1, 3, 5]}
+    small = p.choose_sources(me, [src("a", host="x"), src("b", host="y")], [10] * 6)
+    assert len(small) == 1
+
+
+def test_cross_dc_crossing_is_limited_then_relays_in_dc():
+    me = Location(dc="dc2", rack="r", host="h5")
+    p = Planner(PlannerConfig(fanout_cap=1, cross_dc_streams=1))
+    trainer = src("trainer", dc="dc1", host="t", load=0)
+    relay_dc2 = src("dc2-relay", dc="dc2", host="h1", full=False, load=1)  # at cap, but in-DC
+    # One transfer already crossing into dc2: use the in-DC relay even over its cap.
+    assert list(p.choose_sources(me, [trainer, relay_dc2], [1], cross_dc_inflight=1)) == ["dc2-relay"]
+    assert list(p.choose_sources(me, [trainer, relay_dc2], [1], cross_dc_inflight=0)) == ["trainer"]
+
+
+def test_zero_units_still_names_a_source():
+    plan = Planner(PlannerConfig()).choose_sources(Location(host="h"), [src("a")], [])
+    assert plan == {"a": []}

@@ -1,0 +1,141 @@
+"""The hub's state machine, without sockets: publish/commit, fetch plans, release and retention."""
+import pytest
+import torch
+
+from rlsync.hub import errors as E
+from rlsync.hub.location import Location
+from rlsync.hub.manifest import ManifestConfig, build_manifest
+from rlsync.hub.planner import PlannerConfig
+from rlsync.hub.retention import RetentionConfig
+from rlsync.hub.shard import Shard
+from rlsync.hub.state import DONE, PENDING, SEED, HubConfig, HubState
+
+M = build_manifest({"w": torch.ones(8), "b": torch.zeros(2)}, ManifestConfig())
+MANY = build_manifest({"w": torch.ones(8)}, ManifestConfig(chunk_bytes=8, pack_below=0))
+M2 = build_manifest({"w": torch.full((8,), 2.0), "b": torch.zeros(2)}, ManifestConfig())
+
+
+def state(**kw):
+    s = HubState(HubConfig(**kw))
+    ids = {n: s.join(n, Location(host=n), {"tcp": "x"}) for n in ("t", "r1", "r2", "r3")}
+    return s, ids
+
+
+def snapshot(s):
+    return (sorted(s.replicas), sorted(s.fetches), {n: list(m.committed) for n, m in s.models.items()},
+            {n: dict(m.pins) for n, m in s.models.items()})
+
+
+def test_publish_commits_and_versions_only_increase():
+    s, w = state()
+    assert s.publish(w["t"], "p", 1, Shard(), M)
+    assert s.models["p"].latest == 1
+    before = snapshot(s)
+    with pytest.raises(E.VersionError):
+        s.publish(w["t"], "p", 1, Shard(), M)
+    with pytest.raises(E.VersionError):
+        s.publish(w["r1"], "p", 0, Shard(), M)
+    assert snapshot(s) == before
+
+
+def test_tp2_version_invisible_until_both_shards_and_mismatch_refused():
+    s, w = state()
+    assert not s.publish(w["t"], "p", 3, Shard(tp=0, tp_size=2), M)
+    with pytest.raises(E.UnknownModelError):
+        pass_ = s.plan_fetch(w["r1"], "nope", "latest", Shard())
+    with pytest.raises(E.VersionNotFoundError):
+        s.plan_fetch(w["r1"], "p", "latest", Shard(tp=0, tp_size=2))
+    other = build_manifest({"x": torch.ones(8)}, ManifestConfig())
+    before = snapshot(s)
+    with pytest.raises(E.ManifestMismatchError):
+        s.publish(w["r1"], "p", 3, Shard(tp=1, tp_size=2), other)
+    with pytest.raises(E.ShardError):
+        s.publish(w["r1"], "p", 3, Shard(tp=1, tp_size=4), M)
+    with pytest.raises(E.ManifestMismatchError):  # same shard, other bytes
+        s.publish(w["r1"], "p", 3, Shard(tp=0, tp_size=2), M2)
+    assert snapshot(s) == before
+    assert s.publish(w["r1"], "p", 3, Shard(tp=1, tp_size=2), M2)
+    assert s.models["p"].latest == 3
+
+
+def test_reader_group_pins_one_version_across_ranks():
+    s, w = state()
+    for tp in (0, 1):
+        s.publish(w["t"], "p", 1, Shard(tp=tp, tp_size=2), M)
+    p0 = s.plan_fetch(w["r1"], "p", "latest", Shard(tp=0, tp_size=2), group=("eng", 2))
+    for tp in (0, 1):
+        s.publish(w["t"], "p", 2, Shard(tp=tp, tp_size=2), M)
+    p1 = s.plan_fetch(w["r2"], "p", "latest", Shard(tp=1, tp_size=2), group=("eng", 2))
+    assert p0.version == p1.version == 1
+    s.fetch_done(w["r1"], p0.fetch_id, True)
+    s.fetch_done(w["r2"], p1.fetch_id, True)
+    assert s.plan_fetch(w["r3"], "p", "latest", Shard(tp=0, tp_size=2), group=("eng", 2)).version == 2
+
+
+def test_release_waits_for_inflight_reads_then_routes_elsewhere():
+    s, w = state(planner=PlannerConfig(stripe_min_bytes=1, max_sources=2))  # r2 reads trainer + r1
+    s.publish(w["t"], "p", 1, Shard(), MANY)
+    plans = [s.plan_fetch(w[r], "p", 1, Shard()) for r in ("r1", "r2")]
+    assert s.release(w["t"], "p", 1, Shard()) is PENDING   # sole full replica; relays in flight
+    tid = f"{w['t']}:p:1:tp0-pp0:live"
+    assert s.replicas[tid].releasing
+    p3 = s.plan_fetch(w["r3"], "p", 1, Shard())            # new reads avoid the releasing replica
+    assert tid not in p3.fetch_id and all(src[0].id != tid for src in p3.sources)
+    s.fetch_done(w["r1"], plans[0].fetch_id, True)
+    assert s.poll_releases() == {}                          # r2 still reading from it
+    s.fetch_done(w["r2"], plans[1].fetch_id, True)
+    assert s.poll_releases() == {tid: DONE}
+    assert tid not in s.replicas
+
+
+def test_sole_replica_of_latest_must_seed_and_old_versions_just_go():
+    s, w = state()
+    s.publish(w["t"], "p", 1, Shard(), M)
+    assert s.release(w["t"], "p", 1, Shard()) is SEED
+    assert not s.replicas[f"{w['t']}:p:1:tp0-pp0:live"].releasing
+    s.register_replica(w["t"], "p", 1, Shard(), "seed", M)
+    assert s.release(w["t"], "p", 1, Shard()) is DONE
+    s.publish(w["t"], "p", 2, Shard(), M2)
+    assert s.drops_for(w["t"]) == [f"{w['t']}:p:1:tp0-pp0:seed"]  # v1 no longer retained
+    with pytest.raises(E.VersionNotRetainedError):
+        s.plan_fetch(w["r1"], "p", 1, Shard())
+
+
+def test_relay_dying_turns_a_wait_into_a_seed():
+    s, w = state()
+    s.publish(w["t"], "p", 1, Shard(), M)
+    plan = s.plan_fetch(w["r1"], "p", 1, Shard())
+    assert s.release(w["t"], "p", 1, Shard()) is PENDING
+    s.fetch_done(w["r1"], plan.fetch_id, False)
+    assert s.poll_releases() == {f"{w['t']}:p:1:tp0-pp0:live": SEED}
+
+
+def test_prefer_seed_policy_and_lost_version():
+    s, w = state(retention=RetentionConfig(prefer_seed=True))
+    s.publish(w["t"], "p", 1, Shard(), M)
+    s.plan_fetch(w["r1"], "p", 1, Shard())
+    assert s.release(w["t"], "p", 1, Shard()) is SEED
+    s.remove_worker(w["t"])
+    s.remove_worker(w["r1"])
+    with pytest.raises(E.VersionLostError):
+        s.plan_fetch(w["r2"], "p", 1, Shard())
+
+
+def test_bad_into_spec_changes_nothing():
+    s, w = state()
+    s.publish(w["t"], "p", 1, Shard(), M)
+    before = snapshot(s)
+    for spec in ([["w", "float32", [8]]], [["w", "float32", [9]], ["b", "float32", [2]]],
+                 [["w", "float64", [8]], ["b", "float32", [2]]]):
+        with pytest.raises(E.BufferMismatchError):
+            s.plan_fetch(w["r1"], "p", 1, Shard(), into_spec=spec)
+    assert snapshot(s) == before
+
+
+def test_fanout_cap_chains_readers_through_relays():
+    s, w = state(planner=PlannerConfig(fanout_cap=1, max_sources=1))
+    s.publish(w["t"], "p", 1, Shard(), M)
+    a = s.plan_fetch(w["r1"], "p", 1, Shard())
+    b = s.plan_fetch(w["r2"], "p", 1, Shard())
+    c = s.plan_fetch(w["r3"], "p", 1, Shard())
+    assert [p.sources[0][1].id for p in (a, b, c)] == [w["t"], w["r1"], w["r2"]]
