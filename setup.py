@@ -1,0 +1,21 @@
+"""Builds the native data plane, `rlsync._engine` (csrc/), alongside the pure-Python package.
+
+Everything else about the package lives in pyproject.toml; this file only exists because the
+extension is C++. The extension is optional: if the compiler or headers are missing the install
+still succeeds and the `tcp` transport reports itself unavailable, so readers use `tcp-py`.
+Why pybind11 under setuptools (not nanobind/scikit-build-core or torch's cpp_extension): see
+docs/transports.md. Rebuild after editing csrc/: `scripts/run pip install -e . --no-deps -q`.
+"""
+from pybind11.setup_helpers import Pybind11Extension, build_ext
+from setuptools import setup
+
+engine = Pybind11Extension(
+    "rlsync._engine",
+    ["csrc/engine.cpp"],
+    include_dirs=["csrc"],
+    cxx_std=17,
+    extra_compile_args=["-O3"],
+    optional=True,
+)
+
+setup(ext_modules=[engine], cmdclass={"build_ext": build_ext})
