@@ -1,0 +1,58 @@
+"""Reward functions (rule-based verifiers) and their registry.
+
+A reward function scores one response to one prompt, in [0, 1]:
+
+    @register_reward("partial_match")
+    def partial_match(prompt: Prompt, response_ids: list[int], response_text: str) -> float: ...
+
+    get_reward("partial_match")(prompt, [6, 5, 9, 2], "cbx")   # target "cba"+<eos> -> 3/4 right = 0.75
+
+Partial credit matters: from random init an all-or-nothing multi-token reward is almost always 0,
+so every GRPO group has zero spread and there is no gradient (ENVIRONMENT.md).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from rlsync.trainer.registry import Registry
+
+
+@dataclass(kw_only=True)
+class Prompt:
+    """One prompt of a task's stream, with what its verifier needs."""
+
+    index: int
+    """Position in the task's deterministic stream (the data cursor)."""
+    text: str
+    """Human-readable prompt."""
+    prompt_ids: list[int]
+    """Token ids fed to the model."""
+    answer: Any
+    """Ground truth for the verifier (target token ids, or a number)."""
+
+
+RewardFn = Callable[[Prompt, list[int], str], float]
+REWARDS: Registry = Registry("reward")
+register_reward = REWARDS.register
+get_reward = REWARDS.get
+
+
+@register_reward("partial_match")
+def partial_match(prompt: Prompt, response_ids: list[int], response_text: str) -> float:
+    """Share of target positions (answer ids, then the end token) the response gets right, in order."""
+    target: list[int] = prompt.answer
+    hits = sum(1 for i, t in enumerate(target) if i < len(response_ids) and response_ids[i] == t)
+    return hits / len(target)
+
+
+_INT = re.compile(r"-?\d+")
+
+
+@register_reward("number_match")
+def number_match(prompt: Prompt, response_ids: list[int], response_text: str) -> float:
+    """1 if the first integer in the response equals the answer, else 0."""
+    m = _INT.search(response_text.replace(",", ""))
+    return 1.0 if m is not None and int(m.group()) == int(prompt.answer) else 0.0

@@ -1,0 +1,206 @@
+"""`TrainerBackend`: one RL update step, whatever holds the weights (plain torch, DeepSpeed ZeRO).
+
+The step is the same on every backend; only "run backward and step the optimizer", checkpointing
+and handing out the weights differ, and those are the abstract methods:
+
+    backend = TorchBackend(TorchBackend.Config(), model)
+    metrics = backend.train_step(batch)   # {"loss": ..., "kl": ..., "entropy": ..., "clip_frac": ..., "grad_norm": ...}
+    backend.version                        # number of steps taken = the version its weights are
+    backend.named_parameters_for_sync()   # name -> tensor the hub publishes as `version`
+
+One `train_step`: (no grad) reference log-probs if the loss has a KL term, proximal log-probs if it
+corrects stale samples, critic values and advantages if the batch has none; then `ppo_epochs` ×
+`num_mini_batches` optimizer steps of the policy (and the critic, for PPO).
+
+Simplifies: the whole batch fits in memory at once (no micro-batch gradient accumulation).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .advantage import AdvantageEstimator, build_adv_est
+from .batch import Batch, BatchError
+from .critic import ValueModel
+from .logprobs import critic_values, token_logprobs
+from .loss_value import build_value_loss
+from .masked import masked_mean
+from .policy_loss import PolicyLoss, build_policy_loss
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True)
+class OptimizerConfig:
+    lr: float = 1e-3
+    """AdamW learning rate."""
+    beta1: float = 0.9
+    """AdamW first-moment decay."""
+    beta2: float = 0.999
+    """AdamW second-moment decay."""
+    eps: float = 1e-8
+    """AdamW denominator epsilon."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay."""
+
+    def build(self, params) -> torch.optim.AdamW:
+        return torch.optim.AdamW(params, lr=self.lr, betas=(self.beta1, self.beta2), eps=self.eps,
+                                 weight_decay=self.weight_decay)
+
+
+class TrainerBackend:
+    @dataclass(kw_only=True)
+    class Config:
+        optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+        """Policy optimizer."""
+        critic_optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+        """Critic optimizer (PPO only)."""
+        grad_clip: float | None = 1.0
+        """Max global grad norm (policy and critic each); None disables clipping (the norm is still logged)."""
+        adv_est: str = "grpo"
+        """Registered advantage estimator (grpo, gae, rloo, ...)."""
+        adv_est_args: dict[str, Any] = field(default_factory=dict)
+        """Fields of the estimator's Config, e.g. {"norm_by_std": false}."""
+        policy_loss: str = "grpo"
+        """Registered policy loss (grpo, ppo_clip, ...)."""
+        policy_loss_args: dict[str, Any] = field(default_factory=dict)
+        """Fields of the loss's Config, e.g. {"clip_eps": 0.2, "kl_coef": 0.01, "tis_cap": 2.0}."""
+        value_loss_args: dict[str, Any] = field(default_factory=dict)
+        """Fields of the clipped value loss's Config (PPO only)."""
+        ppo_epochs: int = 1
+        """Passes over each batch."""
+        num_mini_batches: int = 1
+        """Optimizer steps per pass (the batch is split into this many mini-batches)."""
+        temperature: float = 1.0
+        """Sampling temperature of the rollout; log-probs are of the temperature-scaled policy."""
+
+    def __init__(self, config: "TrainerBackend.Config", model: torch.nn.Module, *,
+                 critic: torch.nn.Module | None = None, ref_model: torch.nn.Module | None = None):
+        self.config = config
+        self.adv_est: AdvantageEstimator = build_adv_est(config.adv_est, **config.adv_est_args)
+        self.policy_loss: PolicyLoss = build_policy_loss(config.policy_loss, **config.policy_loss_args)
+        self.value_loss = build_value_loss(**config.value_loss_args) if self.adv_est.needs_values else None
+        # Build what the algorithm needs and the caller did not give: a frozen copy of the initial
+        # policy as reference, a critic initialised from the policy's backbone.
+        if self.policy_loss.needs_ref and ref_model is None:
+            ref_model = copy.deepcopy(model)
+        if ref_model is not None:
+            ref_model.eval().requires_grad_(False)
+        if self.adv_est.needs_values and critic is None:
+            critic = ValueModel.from_causal_lm(model)
+        self.ref_model = ref_model
+        self.version = 0
+        """Optimizer steps taken: the version of the weights this backend holds."""
+        self._setup(model, critic)
+
+    # ---- what each backend provides -----------------------------------------------------------
+    def _setup(self, model: torch.nn.Module, critic: torch.nn.Module | None) -> None:
+        """Wrap the model (and critic) and build optimizers."""
+        raise NotImplementedError
+
+    @property
+    def policy(self) -> torch.nn.Module:
+        """The module to call forward on (wrapped: DDP or a DeepSpeed engine)."""
+        raise NotImplementedError
+
+    @property
+    def critic(self) -> torch.nn.Module | None:
+        raise NotImplementedError
+
+    def _step_policy(self, loss: torch.Tensor) -> float:
+        """backward, clip, optimizer step, zero grad; returns the pre-clip global grad norm."""
+        raise NotImplementedError
+
+    def _step_critic(self, loss: torch.Tensor) -> float:
+        raise NotImplementedError
+
+    def named_parameters_for_sync(self) -> dict[str, torch.Tensor]:
+        """name -> full policy tensor, names as the bare HF model's `named_parameters()`."""
+        raise NotImplementedError
+
+    # ---- the step, shared -----------------------------------------------------------------------
+    @torch.no_grad()
+    def prepare(self, batch: Batch) -> tuple[Batch, dict[str, torch.Tensor]]:
+        """No-grad passes: fills values/advantages/returns; returns (batch, {"ref": lp, "prox": lp})."""
+        extra: dict[str, torch.Tensor] = {}
+        temp = self.config.temperature
+        if self.ref_model is not None and self.policy_loss.needs_ref:
+            extra["ref"], _ = token_logprobs(self.ref_model, batch.input_ids, batch.attention_mask, temperature=temp)
+        if self.policy_loss.needs_prox or self.config.ppo_epochs * self.config.num_mini_batches > 1:
+            # Several optimizer steps per batch: clip against the weights at the start of the step.
+            self.policy.eval()
+            extra["prox"], _ = token_logprobs(self.policy, batch.input_ids, batch.attention_mask, temperature=temp)
+        if self.adv_est.needs_values and batch.values is None:
+            self.critic.eval()
+            batch = batch.replace(values=critic_values(self.critic, batch.input_ids, batch.attention_mask))
+        if batch.advantages is None:
+            if self.adv_est.needs_groups and batch.group_ids is None:
+                raise BatchError(f"advantage estimator {self.config.adv_est!r} needs Batch.group_ids")
+            adv, ret = self.adv_est(rewards=batch.rewards, response_mask=batch.response_mask,
+                                    group_ids=batch.group_ids, values=batch.values)
+            batch = batch.replace(advantages=adv, returns=ret if batch.returns is None else batch.returns)
+        if self.value_loss is not None and batch.returns is None:
+            raise BatchError("PPO needs Batch.returns, or advantages left to the trainer's estimator")
+        return batch, extra
+
+    def train_step(self, batch: Batch) -> dict[str, float]:
+        """One RL update on `batch`; returns float metrics (loss, kl, entropy, clip_frac, grad_norm, ...)."""
+        t0 = time.perf_counter()
+        batch, extra = self.prepare(batch)
+        c = self.config
+        sums: dict[str, float] = defaultdict(float)
+        n = 0
+        for _ in range(c.ppo_epochs):
+            for idx in torch.arange(len(batch)).tensor_split(c.num_mini_batches):
+                mb = batch.select(idx)
+                self.policy.train()
+                lp, ent = token_logprobs(self.policy, mb.input_ids, mb.attention_mask,
+                                         temperature=c.temperature, with_entropy=True)
+                loss, m = self.policy_loss(
+                    logprobs=lp, old_logprobs=mb.old_logprobs, advantages=mb.advantages,
+                    response_mask=mb.response_mask, entropy=ent,
+                    prox_logprobs=extra["prox"][idx] if "prox" in extra else None,
+                    ref_logprobs=extra["ref"][idx] if "ref" in extra else None)
+                m["loss"] = float(loss.detach())
+                m["grad_norm"] = self._step_policy(loss)
+                if self.value_loss is not None:
+                    self.critic.train()
+                    v = critic_values(self.critic, mb.input_ids, mb.attention_mask)
+                    vloss, vm = self.value_loss(values=v, old_values=mb.values, returns=mb.returns,
+                                                response_mask=mb.response_mask)
+                    vm["critic_grad_norm"] = self._step_critic(vloss)
+                    m.update(vm)
+                for k, v in m.items():
+                    sums[k] += v
+                n += 1
+        self.version += 1
+        out = {k: v / n for k, v in sums.items()}
+        out.update(self._batch_metrics(batch))
+        out["step_time_s"] = time.perf_counter() - t0
+        return out
+
+    def _batch_metrics(self, batch: Batch) -> dict[str, float]:
+        r = batch.rewards if batch.rewards.dim() == 1 else (batch.rewards * batch.response_mask).sum(-1)
+        stale = (self.version - 1 - batch.versions).float()
+        return {
+            "reward_mean": float(r.float().mean()),
+            "advantage_mean": float(masked_mean(batch.advantages, batch.response_mask)),
+            "response_len_mean": float(batch.response_mask.float().sum(-1).mean()),
+            "staleness_mean": float(stale.mean()),
+            "staleness_max": float(stale.max()),
+        }
+
+    # ---- checkpoint -----------------------------------------------------------------------------
+    def save_checkpoint(self, path: str) -> None:
+        """Write everything resume needs under directory `path` (every rank calls it)."""
+        raise NotImplementedError
+
+    def load_checkpoint(self, path: str) -> None:
+        raise NotImplementedError

@@ -1,0 +1,102 @@
+"""A single-process, synchronous RL loop: the smallest whole pipeline, for tests, docs and smoke runs.
+
+    scripts/run python -m rlsync.trainer.local_loop --task reverse --steps 150     # prints a learning curve
+
+Each step: sample `prompts_per_step` prompts × `group_size` responses with the rollout engine,
+score them with the task's verifier, train one step, then copy the trainer's weights into the
+engine through the same interfaces the hub uses (`named_parameters_for_sync` → `load_state`).
+
+Simplifies: no Ray, no hub, no asynchrony (staleness 0). The real driver lives in `rlsync/`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .backend import OptimizerConfig
+from .backend_torch import TorchBackend
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True)
+class LocalLoopConfig:
+    task: str = "reverse"
+    """Registered task (reverse, successor)."""
+    seed: int = 0
+    """Seeds the model init, the prompt stream and sampling."""
+    steps: int = 150
+    """Trainer steps."""
+    prompts_per_step: int = 32
+    """Distinct prompts per step."""
+    group_size: int = 8
+    """Responses per prompt (the GRPO group)."""
+    arch: str = "llama"
+    """Tiny model architecture (llama, qwen2)."""
+    trainer: TorchBackend.Config = field(default_factory=lambda: TorchBackend.Config(
+        optimizer=OptimizerConfig(lr=2e-3), adv_est="grpo", policy_loss="grpo"))
+    """Trainer backend configuration."""
+
+
+def run_local_loop(cfg: LocalLoopConfig) -> list[dict[str, float]]:
+    """Run the loop; returns one metrics dict per step (reward_mean, entropy, loss, ...)."""
+    from rlsync.rollout import RolloutEngine, TinyModelConfig, build_task, build_tiny_model
+
+    torch.manual_seed(cfg.seed)
+    task = build_task(cfg.task, seed=cfg.seed)
+    tok = task.tokenizer
+    model = build_tiny_model(TinyModelConfig(arch=cfg.arch, seed=cfg.seed), tok.vocab_size)
+    engine = RolloutEngine(RolloutEngine.Config(temperature=cfg.trainer.temperature, max_new_tokens=task.response_len),
+                           copy.deepcopy(model), pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    backend = TorchBackend(cfg.trainer, model)
+    history = []
+    start = time.perf_counter()
+    for step in range(cfg.steps):
+        t0 = time.perf_counter()
+        prompts = task.next_prompts(cfg.prompts_per_step)
+        out = engine.generate([p.prompt_ids for p in prompts for _ in range(cfg.group_size)])
+        rewards = torch.tensor([task.score(prompts[i // cfg.group_size], r) for i, r in enumerate(out.response_ids)])
+        group_ids = torch.tensor([p.index for p in prompts]).repeat_interleave(cfg.group_size)
+        t_gen = time.perf_counter() - t0
+        metrics = backend.train_step(out.to_batch(rewards, group_ids))
+        engine.load_state(backend.named_parameters_for_sync(), version=backend.version)
+        spread = rewards.view(-1, cfg.group_size).std(-1)
+        metrics.update(step=step, rollout_time_s=t_gen, elapsed_s=time.perf_counter() - start, zero_spread_group_frac=float((spread == 0).float().mean()))
+        history.append(metrics)
+        log.info("step %d reward %.3f entropy %.3f kl_to_behaviour %.2e", step, metrics["reward_mean"],
+                 metrics["entropy"], metrics["approx_kl"])
+    return history
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--task", default="reverse")
+    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--arch", default="llama")
+    p.add_argument("--every", type=int, default=10, help="print one line per this many steps")
+    p.add_argument("--jsonl", default=None, help="also write every step's metrics here")
+    a = p.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    cfg = LocalLoopConfig(task=a.task, steps=a.steps, seed=a.seed, arch=a.arch)
+    cfg.trainer.optimizer.lr = a.lr
+    hist = run_local_loop(cfg)
+    for h in hist:
+        if h["step"] % a.every == 0 or h["step"] == len(hist) - 1:
+            print(f"step {h['step']:4d}  reward {h['reward_mean']:.3f}  entropy {h['entropy']:.3f}  "
+                  f"zero-spread groups {h['zero_spread_group_frac']:.2f}  t {h['elapsed_s']:.1f}s")
+    if a.jsonl:
+        with open(a.jsonl, "w") as f:
+            f.writelines(json.dumps(h) + "\n" for h in hist)
+
+
+if __name__ == "__main__":
+    main()
