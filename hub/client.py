@@ -137,7 +137,7 @@ class HubClient:
         if self._hb is not None:
             self._hb.join(timeout=5)
         try:
-            self._rpc.call("leave", wid=self.worker_id)
+            self._rpc.call("leave", timeout_s=min(5.0, self.cfg.rpc_timeout_s), wid=self.worker_id)
         except E.HubError as e:
             log.warning("leave: %s", e)
         for rep in self.store.all():
@@ -291,7 +291,7 @@ class HubClient:
                 used[src["worker"]] = transport.name
                 per_source[src["worker"]] = read_from_source(
                     transport, src["endpoint"], src["ticket"], src["replica"], src["units"], dest,
-                    self.cfg.dataplane.io_timeout_s)
+                    self.cfg.dataplane.io_timeout_s, streams=self.cfg.dataplane.streams)
             except BaseException as e:  # noqa: BLE001 - re-raised below on the caller's thread
                 errors.append(e)
                 dest.fail(str(e))

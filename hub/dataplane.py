@@ -37,6 +37,9 @@ class DataPlaneConfig:
     """A peer silent this long on an open data connection is treated as dead."""
     relay_wait_s: float = 120.0
     """How long a relay's server waits for a unit it has not received yet."""
+    streams: int = 2
+    """Parallel connections per source a reader opens, units striped over them (capped by the
+    transport's `max_streams`: 1 for tcp-py and shm, which gain nothing from it)."""
     serve_delay_s: float = 0.0
     """Fault injection for tests: sleep before sending each unit (a slow source). Keep 0."""
 
@@ -144,13 +147,41 @@ class DataServer:
 
 
 def read_from_source(transport: Transport, endpoint: dict, ticket: bytes, replica_id: str,
-                     units: list[int], dest: LocalReplica, io_timeout_s: float, on_unit=None) -> int:
+                     units: list[int], dest: LocalReplica, io_timeout_s: float, on_unit=None,
+                     streams: int = 1) -> int:
     """Pull `units` of `replica_id` from the server at `endpoint` into `dest`, verifying each.
 
     Marks each verified unit present in `dest` (so `dest` relays it on at once). Returns bytes read.
     Raises TicketError / TransferError / ChecksumError / ProtocolError; never leaves a unit marked
-    present whose bytes did not verify.
+    present whose bytes did not verify. With `streams` > 1 (up to the transport's `max_streams`)
+    the units are striped round-robin over that many connections, each its own ticket-checked
+    request, so units still land roughly in order for relays downstream.
     """
+    k = max(1, min(streams, transport.max_streams, len(units)))
+    if k == 1:
+        return _read_stream(transport, endpoint, ticket, replica_id, units, dest, io_timeout_s, on_unit)
+    got, errors = [0] * k, []
+
+    def one(i: int) -> None:
+        try:
+            got[i] = _read_stream(transport, endpoint, ticket, replica_id, units[i::k], dest,
+                                  io_timeout_s, on_unit)
+        except BaseException as e:  # noqa: BLE001 - re-raised below on the caller's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=one, args=(i,), name="rlsync-stream", daemon=True) for i in range(1, k)]
+    for t in threads:
+        t.start()
+    one(0)
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return sum(got)
+
+
+def _read_stream(transport: Transport, endpoint: dict, ticket: bytes, replica_id: str,
+                 units: list[int], dest: LocalReplica, io_timeout_s: float, on_unit) -> int:
     host, port = endpoint["tcp"].rsplit(":", 1)
     nbytes = 0
     try:
@@ -175,8 +206,10 @@ def read_from_source(transport: Transport, endpoint: dict, ticket: bytes, replic
             unit = dest.manifest.units[u]
             if got != u or status != OK:
                 raise E.ProtocolError(f"expected unit {u}, source sent {got} (status {status})")
-            transport.recv_unit(conn, dest, u, n, endpoint)
-            if unit_checksum(dest.views, unit) != unit.checksum:
+            digest = transport.recv_unit(conn, dest, u, n, endpoint)
+            if digest is None:
+                digest = unit_checksum(dest.views, unit)
+            if digest != unit.checksum:
                 raise E.ChecksumError(f"unit {u} from {endpoint['tcp']} failed its checksum: discarded")
             dest.mark_present(u)
             nbytes += unit.nbytes

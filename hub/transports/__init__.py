@@ -1,6 +1,6 @@
-"""Data-plane transports, by name: `tcp-py` (portable), `shm` (same host). See base.py."""
+"""Data-plane transports, by name: `tcp` (native engine), `tcp-py` (portable), `shm` (same host). See base.py."""
 from .base import Transport, get_transport, register_transport, transport_by_kind, transport_names
-from . import shm, tcp_py  # noqa: F401  (registration)
+from . import shm, tcp_native, tcp_py  # noqa: F401  (registration)
 
 __all__ = ["Transport", "get_transport", "register_transport", "transport_by_kind", "transport_names",
            "choose_transport", "available_transports"]

@@ -47,6 +47,8 @@ class Transport(ABC):
     """The byte that names this transport in a data-plane request header."""
     priority: ClassVar[int] = 0
     """Among usable transports the reader picks the highest priority."""
+    max_streams: ClassVar[int] = 1
+    """Parallel connections per source a reader may open (`DataPlaneConfig.streams` is capped by it)."""
 
     @classmethod
     def check_available(cls) -> None:
@@ -69,8 +71,11 @@ class Transport(ABC):
         """Server side: deliver unit u of `rep` (present) on `conn`. Returns bytes moved."""
 
     @abstractmethod
-    def recv_unit(self, conn: socket.socket, dest: LocalReplica, u: int, nbytes: int, peer: dict) -> None:
-        """Reader side: the server announced unit u with `nbytes` of payload; land it in `dest`."""
+    def recv_unit(self, conn: socket.socket, dest: LocalReplica, u: int, nbytes: int, peer: dict) -> int | None:
+        """Reader side: the server announced unit u with `nbytes` of payload; land it in `dest`.
+
+        May return the unit's xxh3-64 if it hashed the bytes on the way in (None: the caller hashes).
+        """
 
     def finish(self, conn: socket.socket) -> None:
         """Reader side, after the last unit (e.g. tell the server its memory is no longer read)."""

@@ -1,0 +1,68 @@
+"""`tcp`: unit bytes through TCP, moved by the native engine `rlsync._engine` (csrc/engine.cpp).
+
+Same wire format and serve loop as `tcp-py` (hub/dataplane.py does framing, tickets, relay waits);
+what changes is who moves the bytes. The server sends a unit's header and every segment in one
+GIL-free `sendmsg` over an iovec straight from the source tensors; the reader receives straight
+into its registered buffers with the GIL released and hashes each piece with xxh3 while it is
+still in cache, handing the digest back so the unit is not read a second time to verify it.
+Several of these streams run in parallel per source (`DataPlaneConfig.streams`).
+
+When the extension is not built, `tcp` reports itself unavailable (with the reason, logged once)
+and readers pick `tcp-py` instead.
+"""
+from __future__ import annotations
+
+import logging
+import socket
+
+from ..dataplane_wire import OK, UNIT
+from ..errors import ProtocolError, TransportUnavailableError
+from ..store import LocalReplica
+from .base import Transport, register_transport
+
+log = logging.getLogger(__name__)
+
+try:
+    from rlsync import _engine
+    _MISSING = ""
+except ImportError as e:  # the optional extension did not build (no compiler?) or was removed
+    _engine = None
+    _MISSING = (f"native engine rlsync._engine is not built ({e}); rebuild it with "
+                "`scripts/run pip install -e . --no-deps` (needs a C++17 compiler)")
+_warned = False
+
+
+def _timeout_ms(conn: socket.socket) -> int:
+    t = conn.gettimeout()
+    return -1 if t is None else max(1, int(t * 1000))
+
+
+def _segments(rep: LocalReplica, u: int) -> list[tuple[int, int]]:
+    return [(rep.addresses[ti] + off, ln) for ti, off, ln in rep.manifest.units[u].segments]
+
+
+@register_transport("tcp")
+class NativeTcpTransport(Transport):
+    kind = 3
+    priority = 20
+    max_streams = 64
+
+    @classmethod
+    def check_available(cls) -> None:
+        global _warned
+        if _engine is None:
+            if not _warned:
+                _warned = True
+                log.warning("transport 'tcp' unavailable, falling back to 'tcp-py': %s", _MISSING)
+            raise TransportUnavailableError(_MISSING)
+
+    def send_unit(self, conn: socket.socket, rep: LocalReplica, u: int) -> int:
+        nbytes = rep.manifest.units[u].nbytes
+        _engine.send_frame(conn.fileno(), UNIT.pack(u, OK, nbytes), _segments(rep, u), _timeout_ms(conn))
+        return nbytes
+
+    def recv_unit(self, conn: socket.socket, dest: LocalReplica, u: int, nbytes: int, peer: dict) -> int:
+        unit = dest.manifest.units[u]
+        if nbytes != unit.nbytes:
+            raise ProtocolError(f"unit {u}: source announced {nbytes} bytes, manifest says {unit.nbytes}")
+        return _engine.recv_segments(conn.fileno(), _segments(dest, u), _timeout_ms(conn), True)
