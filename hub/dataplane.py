@@ -201,8 +201,11 @@ def _read_stream(transport: Transport, endpoint: dict, ticket: bytes, replica_id
                     raise E.ProtocolError("oversized error frame")
                 payload = bytearray(n)
                 recv_exact(conn, memoryview(payload))
-                code, text = msgpack.unpackb(bytes(payload))
-                raise E.error_from_code(code, f"source {endpoint['tcp']}: {text}")
+                try:
+                    code, text = msgpack.unpackb(bytes(payload))
+                except Exception:
+                    raise E.ProtocolError(f"malformed error frame from {endpoint['tcp']}") from None
+                raise E.error_from_code(str(code), f"source {endpoint['tcp']}: {text}")
             unit = dest.manifest.units[u]
             if got != u or status != OK:
                 raise E.ProtocolError(f"expected unit {u}, source sent {got} (status {status})")
