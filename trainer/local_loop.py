@@ -40,6 +40,8 @@ class LocalLoopConfig:
     """Responses per prompt (the GRPO group)."""
     arch: str = "llama"
     """Tiny model architecture (llama, qwen2)."""
+    torch_threads: int | None = 1
+    """Intra-op threads while the loop runs (restored after); a tiny model runs fastest on one."""
     trainer: TorchBackend.Config = field(default_factory=lambda: TorchBackend.Config(
         optimizer=OptimizerConfig(lr=2e-3), adv_est="grpo", policy_loss="grpo"))
     """Trainer backend configuration."""
@@ -47,6 +49,16 @@ class LocalLoopConfig:
 
 def run_local_loop(cfg: LocalLoopConfig) -> list[dict[str, float]]:
     """Run the loop; returns one metrics dict per step (reward_mean, entropy, loss, ...)."""
+    threads = torch.get_num_threads()
+    if cfg.torch_threads:
+        torch.set_num_threads(cfg.torch_threads)
+    try:
+        return _run(cfg)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(cfg: LocalLoopConfig) -> list[dict[str, float]]:
     from rlsync.rollout import RolloutEngine, TinyModelConfig, build_task, build_tiny_model
 
     torch.manual_seed(cfg.seed)

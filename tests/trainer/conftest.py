@@ -8,3 +8,14 @@ def tiny():
 
     task = build_task("reverse", seed=0)
     return task, build_tiny_model(TinyModelConfig(seed=0), task.tokenizer.vocab_size)
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Tiny models run fastest on one intra-op thread, and leave the other core to the rest of the suite."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

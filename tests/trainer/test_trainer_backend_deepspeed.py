@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from rlsync.trainer import DeepSpeedBackend, DistConfig, OptimizerConfig, TorchBackend, free_port
 
-from helpers import synthetic_batch
+from rl_testdata import synthetic_batch
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import torch
 
 from rlsync.trainer import Batch, BatchError, DistConfig, OptimizerConfig, TorchBackend, free_port
 
-from helpers import TinyLM, synthetic_batch
+from rl_testdata import TinyLM, synthetic_batch
 
 
 def test_grpo_step_updates_live_tensors_and_reports_metrics(tiny):
@@ -101,7 +101,7 @@ def test_checkpoint_round_trip_resumes_exactly(tiny, tmp_path):
 DDP_RANK = textwrap.dedent("""
     import sys, torch
     sys.path.insert(0, sys.argv[3])
-    from helpers import TinyLM, synthetic_batch
+    from rl_testdata import TinyLM, synthetic_batch
     from rlsync.trainer import DistConfig, OptimizerConfig, TorchBackend
     rank, port = int(sys.argv[1]), int(sys.argv[2])
     model = TinyLM(seed=rank)   # different inits: DDP must broadcast rank 0's
