@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from .advantage import AdvantageEstimator, build_adv_est
+from .advantage import AdvantageEstimator, build_adv_est, group_stats, sequence_rewards
 from .batch import Batch, BatchError
 from .critic import ValueModel
 from .logprobs import critic_values, token_logprobs
@@ -187,9 +187,15 @@ class TrainerBackend:
         return out
 
     def _batch_metrics(self, batch: Batch) -> dict[str, float]:
-        r = batch.rewards if batch.rewards.dim() == 1 else (batch.rewards * batch.response_mask).sum(-1)
+        r = sequence_rewards(batch.rewards, batch.response_mask)
         stale = (self.version - 1 - batch.versions).float()
-        return {
+        out = {}
+        if batch.group_ids is not None:
+            # Groups whose answers all scored the same give GRPO no gradient: an early sign of collapse.
+            _, std, _ = group_stats(r, batch.group_ids)
+            ids, first = _first_of_each_group(batch.group_ids)
+            out["zero_spread_group_frac"] = float((std[first] == 0).float().mean())
+        return out | {
             "reward_mean": float(r.float().mean()),
             "advantage_mean": float(masked_mean(batch.advantages, batch.response_mask)),
             "response_len_mean": float(batch.response_mask.float().sum(-1).mean()),
@@ -204,3 +210,11 @@ class TrainerBackend:
 
     def load_checkpoint(self, path: str) -> None:
         raise NotImplementedError
+
+
+def _first_of_each_group(group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(unique ids, index of each id's first sample)."""
+    ids, inv = torch.unique(group_ids, return_inverse=True)
+    first = torch.full((len(ids),), len(group_ids), dtype=torch.long).scatter_reduce(
+        0, inv, torch.arange(len(group_ids)), reduce="amin")
+    return ids, first

@@ -79,8 +79,7 @@ def _run(cfg: LocalLoopConfig) -> list[dict[str, float]]:
         t_gen = time.perf_counter() - t0
         metrics = backend.train_step(out.to_batch(rewards, group_ids))
         engine.load_state(backend.named_parameters_for_sync(), version=backend.version)
-        spread = rewards.view(-1, cfg.group_size).std(-1)
-        metrics.update(step=step, rollout_time_s=t_gen, elapsed_s=time.perf_counter() - start, zero_spread_group_frac=float((spread == 0).float().mean()))
+        metrics.update(step=step, rollout_time_s=t_gen, elapsed_s=time.perf_counter() - start)
         history.append(metrics)
         log.info("step %d reward %.3f entropy %.3f kl_to_behaviour %.2e", step, metrics["reward_mean"],
                  metrics["entropy"], metrics["approx_kl"])

@@ -51,9 +51,11 @@ def test_staleness_metrics_and_truncated_is(tiny):
     backend.version = 5
     batch = synthetic_batch(model, version=3)
     # Pretend the behaviour policy differed: shift its log-probs so π_prox/π_behaviour = e^1 on all tokens.
-    batch = batch.replace(old_logprobs=(batch.old_logprobs - 1.0) * batch.response_mask)
+    batch = batch.replace(old_logprobs=(batch.old_logprobs - 1.0) * batch.response_mask,
+                          rewards=torch.tensor([1.0, 1, 1, 1, 0, 1, 0, 1]))  # group 0 has no reward spread
     m = backend.train_step(batch)
     assert m["staleness_max"] == 2.0
+    assert m["zero_spread_group_frac"] == 0.5
     assert m["tis_truncated_frac"] == 1.0 and m["tis_weight_mean"] == pytest.approx(2.0)
     assert m["ratio_mean"] == pytest.approx(1.0, abs=1e-6)  # clipped against the proximal policy
 
