@@ -193,7 +193,7 @@ class TrainerBackend:
         if batch.group_ids is not None:
             # Groups whose answers all scored the same give GRPO no gradient: an early sign of collapse.
             _, std, _ = group_stats(r, batch.group_ids)
-            ids, first = _first_of_each_group(batch.group_ids)
+            _, first = _first_of_each_group(batch.group_ids)
             out["zero_spread_group_frac"] = float((std[first] == 0).float().mean())
         return out | {
             "reward_mean": float(r.float().mean()),

@@ -49,8 +49,8 @@ class Registry(Generic[T]):
     def register(self, name: str) -> Callable[[T], T]:
         def deco(obj: T) -> T:
             old = self._table.get(name)
-            # Re-registering the same object (a module imported twice) is harmless.
-            if old is not None and getattr(old, "__qualname__", old) != getattr(obj, "__qualname__", obj):
+            # Re-registering the same definition (a module imported twice) is harmless.
+            if old is not None and _ident(old) != _ident(obj):
                 raise DuplicateNameError(f"{self.kind} {name!r} is already registered to {old!r}")
             self._table[name] = obj
             return obj
@@ -68,6 +68,10 @@ class Registry(Generic[T]):
 
     def __contains__(self, name: str) -> bool:
         return name in self._table
+
+
+def _ident(obj: object) -> tuple[str, str]:
+    return getattr(obj, "__module__", ""), getattr(obj, "__qualname__", repr(obj))
 
 
 ADV_ESTIMATORS: Registry = Registry("advantage estimator")
