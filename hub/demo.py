@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .client import HubClient
-from .procs import WorkerProcess
+from .procs import WorkerProcess, close_all
 
 
 def start_hub_process(workdir: str, port: int = 0) -> tuple[subprocess.Popen, str, str]:
@@ -79,7 +79,6 @@ def run_demo(readers: int = 4, size_mb: float = 64.0) -> int:
                           f"in {stats['rpc_count']} RPCs (the hub moves no weight bytes)")
             return 0 if ok else 1
         finally:
-            for w in workers:
-                w.close()
+            close_all(workers)
             hub.terminate()
             hub.wait(10)

@@ -61,10 +61,11 @@ def _worker_main(conn, address: str, token: str, client_cfg) -> None:
             t0 = time.time()
             r = client.fetch(kw["model"], kw.get("version", "latest"), into=into,
                              shard=Shard(*kw.get("shard", (0, 0, 1, 1))), group=kw.get("group"))
+            fetched = time.time()
             bufs[kw.get("buf", "main")] = r.tensors
             return {"version": r.version, "digest": digest(r.tensors), "bytes_by_source": r.bytes_by_source,
                     "transports": r.transports, "seconds": r.seconds, "nbytes": r.nbytes,
-                    "started": t0, "finished": time.time()}
+                    "started": t0, "finished": fetched}
         if cmd == "release":
             client.release(kw["model"], kw["version"], Shard(*kw.get("shard", (0, 0, 1, 1))))
             return {"finished": time.time()}
@@ -170,11 +171,19 @@ class WorkerProcess:
         self.proc.join(5)
 
     def close(self) -> None:
-        if self.proc.is_alive():
+        close_all([self])
+
+
+def close_all(workers: list[WorkerProcess], timeout: float = 10.0) -> None:
+    """Ask every worker to leave and exit (in parallel), then kill whatever is still alive."""
+    for w in workers:
+        if w.proc.is_alive():
             try:
-                self._conn.send((0, "exit", {}, False))
-                self.proc.join(10)
+                w._conn.send((0, "exit", {}, False))
             except (OSError, BrokenPipeError):
                 pass
-        if self.proc.is_alive():
-            self.kill()
+    deadline = time.monotonic() + timeout
+    for w in workers:
+        w.proc.join(max(0.0, deadline - time.monotonic()))
+        if w.proc.is_alive():
+            w.kill()
