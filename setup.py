@@ -11,7 +11,7 @@ from setuptools import setup
 
 engine = Pybind11Extension(
     "rlsync._engine",
-    ["csrc/engine.cpp"],
+    ["csrc/engine.cpp", "csrc/xxh3_dispatch.cpp"],
     include_dirs=["csrc"],
     cxx_std=17,
     extra_compile_args=["-O3"],
