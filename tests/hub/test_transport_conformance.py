@@ -298,3 +298,31 @@ def test_malformed_requests_leave_the_server_serving(transport, source):
     assert transport_by_kind(transport.kind) is type(transport)
     dest, _ = read(transport, source.endpoint, rep)
     assert_same(dest.tensors, rep.tensors)
+
+
+def test_reader_death_mid_unit_leaves_the_server_serving(transport, source):
+    rep = source.add({"w": torch.randn(1 << 20)}, cfg=ManifestConfig(chunk_bytes=2 << 20))
+    host, port = source.server.address.rsplit(":", 1)
+    body = msgpack.packb({"ticket": ticket(), "replica": rep.id, "units": [0, 1]})
+    with socket.create_connection((host, int(port)), timeout=5) as c:
+        c.sendall(REQ.pack(b"RLSD", 1, transport.kind, 0, len(body)) + body)
+        recv_exact(c, memoryview(bytearray(UNIT.size + 8)))  # a header and a sliver, then gone
+        c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # RST
+    assert rep.wait_drained(5)  # the server noticed, and counted the read as over
+    dest, _ = read(transport, source.endpoint, rep)
+    assert_same(dest.tensors, rep.tensors)
+
+
+def test_native_engine_missing_falls_back_to_tcp_py(monkeypatch, caplog):
+    from rlsync.hub.transports import choose_transport, tcp_native
+
+    monkeypatch.setattr(tcp_native, "_engine", None)
+    monkeypatch.setattr(tcp_native, "_MISSING", "native engine rlsync._engine is not built (test)")
+    monkeypatch.setattr(tcp_native, "_warned", False)
+    with pytest.raises(E.TransportUnavailableError, match="not built"):
+        get_transport("tcp")
+    peer = {"transports": ["tcp", "tcp-py"], "tcp": "127.0.0.1:1"}
+    with caplog.at_level("WARNING"):
+        assert choose_transport({}, peer).name == "tcp-py"
+        assert choose_transport({}, peer).name == "tcp-py"
+    assert sum("falling back to 'tcp-py'" in r.getMessage() for r in caplog.records) == 1
