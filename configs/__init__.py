@@ -1,0 +1,1 @@
+"""Hydra configs of `python -m rlsync.train`, shipped as package data (`rlsync.configs`)."""

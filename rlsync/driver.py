@@ -1,0 +1,344 @@
+"""The driver: the RL loop between a trainer group and rollout pools, with weights only in the hub.
+
+    summary = Driver(TrainConfig(steps=20), run_dir="runs/r1").run()
+
+What one process does (DESIGN.md §4):
+1. joins or starts a Ray cluster, starts the embedded hub in this process, starts the trainer group
+   (N data-parallel ranks) and every rollout pool (M workers each);
+2. the trainer publishes version v (its live tensors; the hub copies nothing); rollout workers fetch
+   `latest` into their engines' parameters when the staleness bound requires it;
+3. event loop: hand free rollout workers prompts (`plan_request`: never more than k versions ahead),
+   buffer the scored groups, and whenever the trainer is free and the buffer holds a batch of
+   groups the bound admits for this step (older ones dropped and counted), train on it;
+4. per step: drain every worker's stall clock, aggregate the window (`StepAggregator`), log to
+   JSONL/wandb, append to `trace.json`, move the progress bar, checkpoint on cadence.
+
+Weights never pass through Ray or the driver: calls carry prompts, scored samples and metrics. The
+driver audits this: every tensor it sends or receives is counted (`ray/payload_bytes`) and checked
+against the model's parameter shapes (`ray/weight_like_tensors`, always 0).
+
+Simplifies: a dead rollout worker is dropped from its pool (its prompts are lost, counted); the
+trainer group is not elastic yet (a dead rank ends the run with an error).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+
+from rlsync.checkpoint import CheckpointStore
+from rlsync.config import TrainConfig, as_dict
+from rlsync.loggers import make_logger
+from rlsync.metrics import HubStats, StepAggregator
+from rlsync.progress import StepProgress
+from rlsync.stall import now_ns
+from rlsync.staleness import SampleBuffer, StalenessBound, plan_request
+from rlsync.trace import TraceWriter
+from rlsync.trainer.batch import Batch
+from rlsync.workers import RolloutWorker, TrainerWorker, WorkerGroup, build_policy, special_ids
+
+log = logging.getLogger(__name__)
+
+
+class RunError(RuntimeError):
+    """The run cannot go on (a trainer rank died, no rollout worker is left, a call timed out)."""
+
+
+class PayloadAudit:
+    """Counts tensor bytes crossing Ray in the driver's calls and flags any shaped like a parameter."""
+
+    def __init__(self, param_shapes: dict[str, tuple[int, ...]], min_numel: int = 256):
+        self.shapes = {s for s in param_shapes.values() if _numel(s) >= min_numel}
+        self.bytes = 0
+        self.weight_like = 0
+
+    def see(self, obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor):
+            self.bytes += obj.numel() * obj.element_size()
+            self.weight_like += tuple(obj.shape) in self.shapes
+        elif isinstance(obj, Batch):
+            for v in vars(obj).values():
+                self.see(v)
+        elif isinstance(obj, dict):
+            for v in obj.values():
+                self.see(v)
+        elif isinstance(obj, (list, tuple)):
+            for v in obj:
+                self.see(v)
+        return obj
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+class Driver:
+    def __init__(self, cfg: TrainConfig, run_dir: str | os.PathLike):
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.bound = StalenessBound(cfg.rollout.max_staleness)
+        self.n_rollout = sum(p.size for p in cfg.pools.values())
+        r = cfg.rollout
+        self.ppr = r.prompts_per_request or max(1, -(-r.prompts_per_step // max(1, self.n_rollout)))
+        self._validate()
+
+    def _validate(self) -> None:
+        c = self.cfg
+        if c.rollout.prompts_per_step % c.trainer.world_size:
+            raise ValueError(f"rollout.prompts_per_step={c.rollout.prompts_per_step} must be a multiple of "
+                             f"trainer.world_size={c.trainer.world_size} (ranks take whole prompt groups)")
+        if self.n_rollout < 1:
+            raise ValueError("no rollout workers: give pools.<name>.size >= 1")
+        for name, p in c.pools.items():
+            if p.engine.temperature != c.trainer.algo.temperature:
+                raise ValueError(f"pools.{name}.engine.temperature={p.engine.temperature} differs from "
+                                 f"trainer.algo.temperature={c.trainer.algo.temperature}: log-probs would not match")
+
+    # ------------------------------------------------------------------------------------ set-up
+    def _start(self) -> None:
+        from rlsync.hub import HubConfig, RetentionConfig, start_embedded_hub
+        from rlsync.trainer import free_port
+
+        c = self.cfg
+        if not ray.is_initialized():
+            kw = dict(include_dashboard=False, log_to_driver=True)
+            if c.ray.address:
+                ray.init(address=c.ray.address, **kw)
+            else:
+                ray.init(num_cpus=c.ray.num_cpus, **kw)
+        # A fresh journal per run: a resumed run re-publishes its checkpoint's version, which an old
+        # journal (committed versions past it) would refuse as not increasing.
+        self.hub = start_embedded_hub(host=c.hub.host, config=HubConfig(retention=RetentionConfig(retain_last=c.hub.retain_last)))
+        addr, tok = self.hub.address, self.hub.token
+        port = free_port()
+        self.trainers = WorkerGroup("trainer", TrainerWorker, lambda i: (c, i, port, addr, tok),
+                                    num_cpus=c.ray.actor_num_cpus)
+        self.trainers.start(c.trainer.world_size)
+        self.pools = {name: WorkerGroup(name, RolloutWorker, lambda i, n=name: (c, n, i, addr, tok),
+                                        num_cpus=c.ray.actor_num_cpus) for name in c.pools}
+        for name, g in self.pools.items():
+            g.start(c.pools[name].size)
+        info = self.trainers.wait_ready(c.timeout_s)
+        self.audit = PayloadAudit(next(iter(info.values()))["shapes"])
+        for g in self.pools.values():
+            g.wait_ready(c.timeout_s)
+
+    def _stop(self) -> None:
+        for g in [*getattr(self, "pools", {}).values(), getattr(self, "trainers", None)]:
+            if g is not None:
+                g.shutdown()
+        if getattr(self, "hub", None) is not None:
+            self.hub.stop()
+
+    def _trainer_call(self, method: str, *args_per_rank) -> list:
+        handles = list(self.trainers.members.values())
+        refs = [getattr(h, method).remote(*(a[i] for a in args_per_rank)) for i, h in enumerate(handles)]
+        try:
+            return ray.get(refs, timeout=self.cfg.timeout_s)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
+            raise RunError(f"trainer group failed in {method}: {e}") from e
+
+    def _hub_stats(self) -> HubStats | None:
+        from rlsync.hub import HubClient
+
+        try:
+            with_client = HubClient(self.hub.address, token=self.hub.token)
+            s = with_client.stats()
+            with_client._rpc.close()
+        except Exception as e:  # noqa: BLE001 - metrics must not end the run
+            log.warning("hub stats: %s", e)
+            return None
+        m = s.get("models", {}).get(self.cfg.hub.model_name, {})
+        return HubStats(replicas=int(s["replicas"]), retained_versions=len(m.get("retained", [])))
+
+    # ------------------------------------------------------------------------------------ the loop
+    def run(self) -> dict[str, Any]:
+        c = self.cfg
+        _, self.task = build_policy(c, tokenizer_only=True)
+        ckpt = CheckpointStore(self.run_dir / "checkpoints", keep=c.checkpoint.keep)
+        resumed = ckpt.resolve(c.resume)
+        logger = make_logger(dataclasses.replace(c.logging, run_dir=str(self.run_dir)), run_config=as_dict(c))
+        trace = TraceWriter(self.run_dir / "trace.json")
+        self.totals = defaultdict(float)
+        try:
+            self._start()
+            step = 0
+            if resumed is not None:
+                path, state = resumed
+                versions = self._trainer_call("load_checkpoint", [str(path)] * c.trainer.world_size)
+                step = int(state["step"])
+                if versions[0] != step:
+                    raise RunError(f"checkpoint {path}: trainer version {versions[0]} != driver step {step}")
+                self.task.load_state_dict(state["task"])
+                self.totals.update(state.get("totals", {}))
+                log.info("resumed from %s at step %d (data cursor %d)", path, step, self.task.cursor)
+            self._trainer_call("publish")
+            with StepProgress(total=c.steps, enabled=c.progress) as bar:
+                bar.update(step, version=step)
+                self._loop(step, logger, trace, bar, ckpt)
+        finally:
+            trace.close()
+            logger.close()
+            self._stop()
+        return dict(self.totals)
+
+    def _loop(self, step: int, logger, trace: TraceWriter, bar: StepProgress, ckpt: CheckpointStore) -> None:
+        c, r = self.cfg, self.cfg.rollout
+        buf: SampleBuffer = SampleBuffer()
+        pending: dict[Any, tuple[str, str, int]] = {}  # ref -> (pool, worker key, groups requested)
+        busy: set[str] = set()
+        inflight = 0
+        train_refs: list | None = None
+        train_started = 0.0
+        agg = StepAggregator()
+        step_start_ns = agg.window_start_ns
+        step_stats: dict[str, float] = defaultdict(float)
+        last_progress = time.monotonic()
+        while step < c.steps:
+            # 1. hand out prompts to free rollout workers, never more than k versions ahead
+            for pool, g in self.pools.items():
+                for key, h in g.members.items():
+                    if key in busy:
+                        continue
+                    target = plan_request(steps_done=step, training=train_refs is not None,
+                                          buffered=buf.fresh(step + (train_refs is not None), self.bound),
+                                          inflight=inflight, groups_per_step=r.prompts_per_step,
+                                          bound=self.bound, total_steps=c.steps)
+                    if target is None:
+                        break
+                    prompts = self.task.next_prompts(self.ppr)
+                    ref = h.rollout.remote(prompts, self.bound.min_version(target))
+                    pending[ref] = (pool, key, len(prompts))
+                    busy.add(key)
+                    inflight += len(prompts)
+            # 2. start a train step when the trainer is free and a fresh batch is buffered
+            if train_refs is None:
+                took = buf.take(step, r.prompts_per_step, self.bound)
+                step_stats["staleness/dropped"] += took.dropped_samples
+                if took.payloads:
+                    train_refs, train_started = self._start_train(took), time.monotonic()
+                    stale = [step - v for v in took.versions]
+                    step_stats["staleness/mean"] = sum(stale) / len(stale)
+                    step_stats["staleness/max"] = max(stale)
+                    rewards = torch.cat([b.rewards for b in took.payloads])
+                    step_stats["reward/mean"] = float(rewards.mean())
+                    step_stats["reward/max_group_mean"] = max(float(b.rewards.mean()) for b in took.payloads)
+            # 3. wait for whichever call finishes first (never blocking on one worker)
+            refs = list(pending) + (train_refs or [])
+            ready, _ = ray.wait(refs, num_returns=1, timeout=1.0)
+            if not ready:
+                if time.monotonic() - last_progress > c.timeout_s:
+                    raise RunError(f"no worker call finished in {c.timeout_s:.0f}s (timeout_s)")
+                continue
+            last_progress = time.monotonic()
+            ref = ready[0]
+            if ref in pending:
+                pool, key, n = pending.pop(ref)
+                busy.discard(key)
+                inflight -= n
+                try:
+                    res = self.audit.see(ray.get(ref))
+                except ray.exceptions.RayActorError as e:
+                    log.warning("rollout worker %s died (%s): %d prompts lost", key, e, n)
+                    self.pools[pool].members.pop(key, None)
+                    self.totals["pool/lost_prompts"] += n
+                    if not any(g.members for g in self.pools.values()):
+                        raise RunError("every rollout worker is gone") from e
+                    continue
+                for b in res["groups"]:
+                    buf.add(res["version"], b, samples=len(b))
+                step_stats["timing_s/generate"] += res["generate_s"]
+                continue
+            # a trainer rank finished: wait for the others, then close the step
+            metrics = self._finish_train(train_refs)
+            train_refs = None
+            step += 1
+            step_stats["timing_s/train"] = time.monotonic() - train_started
+            end = now_ns()
+            m = self._close_step(step, agg, trace, metrics, step_stats, step_start_ns, end)
+            logger.log(m, step=step)
+            bar.update(step, version=int(m["version"]), reward=m.get("reward/mean"), stall_s=m["stall/total_s"])
+            step_start_ns, step_stats = end, defaultdict(float)
+            if c.checkpoint.enabled and (step == c.steps or (c.checkpoint.every and step % c.checkpoint.every == 0)):
+                self._checkpoint(ckpt, step)
+            trace.flush()
+
+    def _start_train(self, took) -> list:
+        w = self.cfg.trainer.world_size
+        per = len(took.payloads) // w
+        shards = [self.audit.see(Batch.concat(took.payloads[i * per:(i + 1) * per])) for i in range(w)]
+        return [h.train.remote(s) for h, s in zip(self.trainers.members.values(), shards)]
+
+    def _finish_train(self, refs: list) -> dict[str, float]:
+        try:
+            per_rank = self.audit.see(ray.get(refs, timeout=self.cfg.timeout_s))
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
+            raise RunError(f"trainer group failed in a step: {e}") from e
+        keys = set.intersection(*(set(m) for m in per_rank))
+        return {k: sum(m[k] for m in per_rank) / len(per_rank) for k in keys}
+
+    def _close_step(self, step: int, agg: StepAggregator, trace: TraceWriter, tm: dict[str, float],
+                    stats: dict[str, float], start_ns: int, end_ns: int) -> dict[str, float]:
+        groups = [self.trainers, *self.pools.values()]
+        refs = {k: ref for g in groups for k, ref in g.drain_refs().items()}
+        records = []
+        for k, ref in refs.items():
+            try:
+                records.extend(ray.get(ref, timeout=min(30.0, self.cfg.timeout_s)))
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
+                log.warning("no stall records from %s: %s", k, e)
+        agg.add(records)
+        trace.add(records)
+        sm = agg.close_step(end_ns, hub=self._hub_stats())
+        self.totals["staleness/dropped_total"] += stats.get("staleness/dropped", 0.0)
+        self.totals["steps"] = step
+        self.totals["ray/payload_bytes"] = self.audit.bytes
+        self.totals["ray/weight_like_tensors"] = self.audit.weight_like
+        self.totals["sync/bytes"] += sm.sync.bytes
+        out: dict[str, float] = {
+            "step": step, "version": int(tm["version"]),
+            "loss/policy": tm.get("policy_loss", float("nan")),
+            "kl": tm.get("kl", tm.get("approx_kl", float("nan"))),
+            "kl/behaviour": tm.get("approx_kl", float("nan")),
+            "entropy": tm.get("entropy", float("nan")),
+            "clip_frac": tm.get("clip_frac", float("nan")),
+            "grad_norm": tm.get("grad_norm", float("nan")),
+            "zero_spread_group_frac": tm.get("zero_spread_group_frac", float("nan")),
+            "staleness/dropped": stats.get("staleness/dropped", 0.0),
+            "staleness/dropped_total": self.totals["staleness/dropped_total"],
+            "timing_s/step": (end_ns - start_ns) / 1e9,
+            "data/cursor": self.task.cursor,
+            "ray/payload_bytes": self.audit.bytes - self.totals["ray/payload_bytes"],
+            "ray/weight_like_tensors": self.audit.weight_like,
+        }
+        if "kl" in tm:
+            out["kl/ref"] = tm["kl"]
+        for k in ("value_loss", "critic_grad_norm", "tis_weight_mean", "ratio_mean"):
+            if k in tm:
+                out[f"loss/{k}" if k == "value_loss" else k] = tm[k]
+        out.update({k: v for k, v in stats.items() if k not in out})
+        out.update(sm.to_dict())
+        trace.step(step, start_ns, end_ns, version=out["version"], reward=out.get("reward/mean"))
+        self.totals["reward/last"] = out.get("reward/mean", float("nan"))
+        return out
+
+    def _checkpoint(self, ckpt: CheckpointStore, step: int) -> None:
+        path = ckpt.path_for(step)
+        path.mkdir(parents=True, exist_ok=True)
+        self._trainer_call("save_checkpoint", [str(path)] * self.cfg.trainer.world_size)
+        # The cursor is past every prompt handed out, trained or still in flight (see checkpoint.py).
+        ckpt.commit(step, {"step": step, "version": step, "task": self.task.state_dict(),
+                           "totals": dict(self.totals)})
+
