@@ -46,8 +46,12 @@ class ClientConfig:
     """This worker's data-plane server."""
     transport: str | None = None
     """Force one transport ('tcp-py', 'shm', ...) instead of the best usable per peer."""
-    rpc_timeout_s: float = 30.0
-    """Deadline of one control RPC; past it the client raises HubUnavailableError."""
+    rpc_timeout_s: float = 10.0
+    """Deadline of one try of a control RPC (retried with backoff while the hub is unreachable)."""
+    hub_deadline_s: float = 60.0
+    """How long calls keep retrying an unreachable hub (restart, failover) before HubUnavailableError."""
+    replan_attempts: int = 4
+    """How many times one fetch asks the hub for new sources after sources died or stalled."""
     heartbeat_s: float = 1.0
     """Heartbeat period; the hub expires a worker silent for its worker_timeout_s."""
     release_timeout_s: float | None = None
@@ -97,7 +101,7 @@ class HubClient:
             raise E.AuthError("HubClient needs the hub's token (token=, token_file= or $RLSYNC_HUB_TOKEN)")
         self.address, self.cfg = address, config or ClientConfig()
         self._token = token
-        self._rpc = RpcChannel(address, token, self.cfg.rpc_timeout_s)
+        self._rpc = RpcChannel(address, token, self.cfg.rpc_timeout_s, self.cfg.hub_deadline_s)
         self.store = ReplicaStore()
         self._held: dict[str, tuple[str, int, Shard, str]] = {}
         self._data: DataServer | None = None
@@ -106,9 +110,15 @@ class HubClient:
         self._endpoint: dict = {}
         self._hb_stop = threading.Event()
         self._hb: threading.Thread | None = None
+        self._name, self._role, self._follow = "worker", "worker", False
+        self._rejoin_lock = threading.Lock()
+        self._seeding: set[tuple] = set()
 
     # ------------------------------------------------------------------ membership
-    def join(self, location: Location | None = None, name: str = "worker") -> str:
+    def join(self, location: Location | None = None, name: str = "worker", *, role: str = "worker",
+             follow: bool = False) -> str:
+        """Join the hub and start serving. `role="seed"` makes this a seed worker: it takes hand-offs
+        from leaving workers and, with `follow=True`, keeps a copy of every model's latest version."""
         if self.worker_id is not None:
             raise E.HubError("already joined; call leave() first")
         self.location = location or Location()
@@ -116,12 +126,14 @@ class HubClient:
         self._endpoint = {"tcp": self._data.address, "pid": os.getpid(), "boot_id": boot_id(),
                           "host": self.location.host, "transports": available_transports()}
         try:
-            r = self._rpc.call("join", name=name, location=self.location.to_wire(), endpoint=self._endpoint)
+            r = self._rpc.call("join", name=name, location=self.location.to_wire(), endpoint=self._endpoint,
+                               role=role, follow=follow)
         except Exception:
             self._data.close()
             self._data = None
             raise
         self.worker_id = r["wid"]
+        self._name, self._role, self._follow = name, role, follow
         self._data.worker_id = self.worker_id
         self._data.verifier = TicketVerifier(r["ticket_key"])
         self._hb_stop.clear()
@@ -129,15 +141,23 @@ class HubClient:
         self._hb.start()
         return self.worker_id
 
-    def leave(self) -> None:
-        """Leave the hub: stop serving and drop every replica held here."""
+    def leave(self, deadline_s: float | None = 0.0) -> None:
+        """Leave the hub: stop serving and drop every replica held here.
+
+        With notice (`deadline_s` > 0, e.g. a spot preemption warning), retention runs first: each
+        replica that is the last full copy of a retained version is handed off — to a reader already
+        fetching it, or to a seed worker the hub picks — before this worker goes, within the
+        deadline. Without notice (0) it just goes; a version only it held is then lost.
+        """
         if self.worker_id is None:
             return
+        if deadline_s:
+            self._handoff_all(deadline_s)
         self._hb_stop.set()
         if self._hb is not None:
             self._hb.join(timeout=5)
         try:
-            self._rpc.call("leave", timeout_s=min(5.0, self.cfg.rpc_timeout_s), wid=self.worker_id)
+            self._rpc.call("leave", attempt_s=2.0, deadline_s=min(5.0, self.cfg.hub_deadline_s), wid=self.worker_id)
         except E.HubError as e:
             log.warning("leave: %s", e)
         for rep in self.store.all():
@@ -148,6 +168,20 @@ class HubClient:
             self._data.close()
         self._data, self.worker_id = None, None
         self._rpc.close()
+
+    def _handoff_all(self, deadline_s: float) -> None:
+        end = time.monotonic() + deadline_s
+        for rid in list(self._held):
+            if rid not in self._held or self._held[rid][3] == "seed":
+                continue
+            model, version, shard, slot = self._held[rid]
+            try:
+                outcome = self._release_loop(rid, handoff=True, deadline=end)
+                if outcome == "seed":
+                    log.error("leaving: no reader or seed worker can take %s v%d %s; it is lost when we go",
+                              model, version, shard.key)
+            except E.HubError as e:
+                log.error("leaving: hand-off of %s v%d %s failed: %s", model, version, shard.key, e)
 
     def close(self) -> None:
         self.leave()
@@ -164,11 +198,14 @@ class HubClient:
         return self.worker_id
 
     def _heartbeat_loop(self) -> None:
-        rpc = RpcChannel(self.address, self._token, max(5.0, self.cfg.heartbeat_s * 5))
+        rpc = RpcChannel(self.address, self._token, max(2.0, self.cfg.heartbeat_s * 2), deadline_s=0.0)
         try:
             while not self._hb_stop.wait(self.cfg.heartbeat_s):
                 try:
                     r = rpc.call("heartbeat", wid=self.worker_id)
+                except E.NotJoinedError:
+                    self._rejoin(rpc)  # the hub restarted (or expired us): re-register what we hold
+                    continue
                 except E.HubError as e:
                     log.warning("heartbeat to %s failed: %s", self.address, e)
                     continue
@@ -177,8 +214,65 @@ class HubClient:
                     self._held.pop(rid, None)
                     if rep is not None:
                         log.info("dropped seed %s (no longer retained)", rid)
+                for model, version, key, group in r.get("tasks", []):
+                    self._start_seed_fetch(model, version, key, group)
         finally:
             rpc.close()
+
+    def _rejoin(self, rpc: RpcChannel) -> None:
+        """Join again under our id and re-register every full replica we hold (soft state)."""
+        with self._rejoin_lock:
+            try:
+                r = rpc.call("join", name=self._name, location=self.location.to_wire(), endpoint=self._endpoint,
+                             worker_id=self.worker_id, role=self._role, follow=self._follow)
+            except E.HubError as e:
+                log.warning("re-join failed: %s", e)
+                return
+            self._data.verifier = TicketVerifier(r["ticket_key"])
+            kept = 0
+            for rid, (model, version, shard, slot) in list(self._held.items()):
+                rep = self.store.get(rid)
+                if rep is None or not rep.complete:
+                    continue
+                try:
+                    rpc.call("register", wid=self.worker_id, model=model, version=version, shard=shard.to_wire(),
+                             slot=slot, manifest=rep.manifest.to_wire())
+                    kept += 1
+                except E.HubError as e:  # e.g. a version the new hub never saw committed
+                    log.warning("re-register of %s refused: %s; dropping it", rid, e)
+                    self.store.remove(rid)
+                    self._held.pop(rid, None)
+            log.warning("re-joined the hub at %s as %s; re-registered %d replicas", self.address, self.worker_id, kept)
+
+    def _start_seed_fetch(self, model: str, version: int, key: str, group: list) -> None:
+        """Seed worker: fetch a version the hub asked us to keep (hand-off or follow-latest)."""
+        tp, pp = (int(x[2:]) for x in key.split("-"))
+        shard = Shard(tp=tp, pp=pp, tp_size=group[0], pp_size=group[1])
+        job = (model, version, key)
+        if job in self._seeding:
+            return
+        self._seeding.add(job)
+
+        def run() -> None:
+            try:
+                self.fetch(model, version, shard=shard)
+                log.info("seed worker %s now holds %s v%d %s", self.worker_id, model, version, key)
+            except E.HubError as e:
+                log.warning("seed fetch of %s v%d %s failed: %s", model, version, key, e)
+            finally:
+                self._seeding.discard(job)
+
+        threading.Thread(target=run, name="rlsync-seed-fetch", daemon=True).start()
+
+    def _call(self, op: str, **kw):
+        """A control call; if the hub no longer knows us (restart, failover), re-join and retry once."""
+        try:
+            return self._rpc.call(op, **kw)
+        except E.NotJoinedError:
+            if self.worker_id is None:
+                raise
+            self._rejoin(self._rpc)
+            return self._rpc.call(op, **kw)
 
     # ------------------------------------------------------------------ publish / release
     def publish(self, model: str, version: int, tensors: dict[str, torch.Tensor],
@@ -196,13 +290,28 @@ class HubClient:
             raise E.VersionError(f"{model!r} v{version} {shard.key} already published by this worker")
         self.store.add(LocalReplica(rid, manifest, dict(tensors), full=True))
         try:
-            r = self._rpc.call("publish", wid=wid, model=model, version=version, shard=shard.to_wire(),
+            r = self._call("publish", wid=wid, model=model, version=version, shard=shard.to_wire(),
                                manifest=manifest.to_wire())
+            committed = bool(r["committed"])
+        except E.VersionError:
+            # A retried publish whose first try did land (and committed) before the hub answered.
+            committed = self._already_committed(model, version, shard, manifest) if self._rpc.retried else None
+            if committed is None:
+                self.store.remove(rid)
+                raise
         except Exception:
             self.store.remove(rid)
             raise
         self._held[rid] = (model, version, shard, "live")
-        return bool(r["committed"])
+        return committed
+
+    def _already_committed(self, model, version, shard, manifest) -> bool | None:
+        try:
+            self._call("register", wid=self.worker_id, model=model, version=version, shard=shard.to_wire(),
+                           slot="live", manifest=manifest.to_wire())
+            return True
+        except E.HubError:
+            return None
 
     def release(self, model: str, version: int, shard: Shard = Shard()) -> None:
         """Give back this worker's replica of (model, version, shard); afterwards its buffers are yours.
@@ -218,15 +327,36 @@ class HubClient:
         self._release(rid)
 
     def _release(self, rid: str) -> None:
+        deadline = None if self.cfg.release_timeout_s is None else time.monotonic() + self.cfg.release_timeout_s
+        self._release_loop(rid, handoff=False, deadline=deadline)
+
+    def _release_loop(self, rid: str, handoff: bool, deadline: float | None) -> str:
+        """Drive a release to the end; returns 'done', or 'seed' when a hand-off found no taker."""
         model, version, shard, slot = self._held[rid]
-        t0 = time.monotonic()
+        t0, sent = time.monotonic(), False
         while True:
-            outcome = self._rpc.call("release", timeout_s=self.cfg.release_timeout_s, wid=self.worker_id,
-                                     model=model, version=version, shard=shard.to_wire(), slot=slot)
+            if deadline is not None and time.monotonic() > deadline:
+                raise E.TimeoutError_(f"release of {model!r} v{version} {shard.key} did not finish in time "
+                                      "(readers still draining); its buffers must not change yet")
+            try:
+                # A pending release is answered when readers drain: poll in short tries, and ping
+                # between them so a dead hub surfaces as HubUnavailableError after hub_deadline_s.
+                outcome = self._call("release", attempt_s=5.0, deadline_s=0.0, wid=self.worker_id, model=model,
+                                         version=version, shard=shard.to_wire(), slot=slot, handoff=handoff)
+            except E.HubUnavailableError:
+                self._rpc.call("ping")
+                sent = True
+                continue
+            except E.NotAReplicaError:
+                if not sent:
+                    raise
+                outcome = "done"  # an earlier try completed; its answer was lost
             if outcome == "done":
                 break
             if outcome != "seed":
                 raise E.ProtocolError(f"unexpected release outcome {outcome!r}")
+            if handoff:
+                return "seed"
             self._offload_seed(rid)
         rep = self.store.remove(rid)
         self._held.pop(rid, None)
@@ -234,6 +364,7 @@ class HubClient:
             log.warning("release of %s: a local read did not finish within %.0fs", rid,
                         self.cfg.dataplane.io_timeout_s)
         log.debug("released %s in %.3fs", rid, time.monotonic() - t0)
+        return "done"
 
     def _offload_seed(self, rid: str) -> None:
         """Copy a replica into host memory this worker's data-plane server keeps serving."""
@@ -243,7 +374,7 @@ class HubClient:
         copies = {name: t.detach().clone() for name, t in rep.tensors.items()}
         self.store.add(LocalReplica(seed_rid, rep.manifest, copies, full=True))
         try:
-            self._rpc.call("register", wid=self.worker_id, model=model, version=version,
+            self._call("register", wid=self.worker_id, model=model, version=version,
                            shard=shard.to_wire(), slot="seed", manifest=rep.manifest.to_wire())
         except Exception:
             self.store.remove(seed_rid)
@@ -267,7 +398,7 @@ class HubClient:
             _check_tensors(into, "into")
             spec = [[n, dtype_name(t.dtype), list(t.shape)] for n, t in into.items()]
         t0 = time.monotonic()
-        plan = self._rpc.call("fetch", wid=wid, model=model, version=version, shard=shard.to_wire(),
+        plan = self._call("fetch", wid=wid, model=model, version=version, shard=shard.to_wire(),
                               group=list(group) if group else None, into_spec=spec)
         fid, ver = plan["fetch_id"], plan["version"]
         try:
@@ -282,43 +413,76 @@ class HubClient:
             self._fetch_done(fid, ok=False)
             raise
         self.store.add(dest)
-        per_source, used = {}, {}
-        errors: list[BaseException] = []
-
-        def pull(src: dict) -> None:
+        per_source: dict[str, int] = {}
+        used: dict[str, str] = {}
+        sources, attempts = plan["sources"], 0
+        while True:
+            failed, errors = self._pull_all(sources, dest, per_source, used)
+            missing = [u for u in range(len(manifest.units)) if not dest.present[u]]
+            if not missing:
+                break
+            fatal = [e for e in errors if not isinstance(e, (E.TransferError, E.TicketError, E.ProtocolError))]
+            attempts += 1
+            if fatal or attempts > self.cfg.replan_attempts or not failed:
+                self._abort_fetch(dest, fid, errors[0] if errors else
+                                  E.ProtocolError("fetch plan did not cover every unit"))
+            log.warning("fetch %s: %d sources failed (%s); re-planning %d units", fid, len(failed),
+                        errors[0] if errors else "", len(missing))
             try:
-                transport = choose_transport(self._endpoint, src["endpoint"], self.cfg.transport)
-                used[src["worker"]] = transport.name
-                per_source[src["worker"]] = read_from_source(
-                    transport, src["endpoint"], src["ticket"], src["replica"], src["units"], dest,
-                    self.cfg.dataplane.io_timeout_s, streams=self.cfg.dataplane.streams)
-            except BaseException as e:  # noqa: BLE001 - re-raised below on the caller's thread
-                errors.append(e)
-                dest.fail(str(e))
-
-        threads = [threading.Thread(target=pull, args=(s,), daemon=True) for s in plan["sources"][1:]]
-        for t in threads:
-            t.start()
-        if plan["sources"]:
-            pull(plan["sources"][0])
-        for t in threads:
-            t.join()
-        if not errors and not dest.complete:
-            errors.append(E.ProtocolError("fetch plan did not cover every unit"))
-        if errors:
-            dest.fail(str(errors[0]))
-            self.store.remove(rid)
-            self._fetch_done(fid, ok=False)
-            err = errors[0]
-            raise err if isinstance(err, E.HubError) else E.TransferError(f"fetch failed: {err}")
-        self._fetch_done(fid, ok=True)
+                sources = self._call("replan", wid=wid, fetch_id=fid, failed=failed, units=missing)["sources"]
+            except E.HubError as e:
+                self._abort_fetch(dest, fid, e)
+        self._fetch_done(fid, ok=True, rep=dest, model=model, version=ver, shard=shard)
         self._held[rid] = (model, ver, shard, "live")
         secs = time.monotonic() - t0
         return FetchResult(ver, dest_tensors, per_source, used, secs, manifest.nbytes)
 
-    def _fetch_done(self, fid: str, ok: bool) -> None:
+    def _pull_all(self, sources: list[dict], dest: LocalReplica, per_source: dict, used: dict):
+        """Pull every source's units in parallel; returns (failed replica ids, errors)."""
+        failed: list[str] = []
+        errors: list[BaseException] = []
+
+        def pull(src: dict) -> None:
+            units = [u for u in src["units"] if not dest.present[u]]
+            try:
+                transport = choose_transport(self._endpoint, src["endpoint"], self.cfg.transport)
+                used[src["worker"]] = transport.name
+                got = read_from_source(transport, src["endpoint"], src["ticket"], src["replica"], units, dest,
+                                       self.cfg.dataplane.io_timeout_s, streams=self.cfg.dataplane.streams)
+                per_source[src["worker"]] = per_source.get(src["worker"], 0) + got
+            except BaseException as e:  # noqa: BLE001 - reported to the caller's thread
+                failed.append(src["replica"])
+                errors.append(e)
+                # Units that did land count towards the source's bytes.
+                per_source.setdefault(src["worker"], 0)
+
+        threads = [threading.Thread(target=pull, args=(s,), daemon=True) for s in sources[1:]]
+        for t in threads:
+            t.start()
+        if sources:
+            pull(sources[0])
+        for t in threads:
+            t.join()
+        return failed, errors
+
+    def _abort_fetch(self, dest: LocalReplica, fid: str, err: BaseException):
+        dest.fail(str(err))  # downstream readers of this relay stop waiting and re-plan
+        self.store.remove(dest.id)
+        self._fetch_done(fid, ok=False)
+        raise err if isinstance(err, E.HubError) else E.TransferError(f"fetch failed: {err}")
+
+    def _fetch_done(self, fid: str, ok: bool, rep: LocalReplica | None = None, model: str = "",
+                    version: int = 0, shard: Shard = Shard()) -> None:
         try:
-            self._rpc.call("fetch_done", wid=self.worker_id, fetch_id=fid, ok=ok)
+            self._call("fetch_done", wid=self.worker_id, fetch_id=fid, ok=ok)
+        except E.ProtocolError:
+            if ok and rep is not None:
+                # The hub restarted while we fetched (it forgot the fetch): announce the replica.
+                try:
+                    self._call("register", wid=self.worker_id, model=model, version=version,
+                                   shard=shard.to_wire(), slot="live", manifest=rep.manifest.to_wire())
+                except E.HubError as e:
+                    log.warning("register after fetch %s failed: %s", fid, e)
         except E.HubError as e:
             log.warning("fetch_done(%s) failed: %s", fid, e)
 
@@ -334,10 +498,10 @@ class HubClient:
 
     # ------------------------------------------------------------------ queries
     def latest(self, model: str) -> int | None:
-        return self._rpc.call("latest", model=model)
+        return self._call("latest", model=model)
 
     def stats(self) -> dict:
-        return self._rpc.call("stats")
+        return self._call("stats")
 
     def held(self) -> list[str]:
         return sorted(self._held)

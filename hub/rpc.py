@@ -53,8 +53,8 @@ def read_or_create_token(path: str) -> str:
 class RpcChannel:
     """One DEALER socket to the hub; thread-safe (calls are serialized); typed errors back."""
 
-    def __init__(self, address: str, token: str, timeout_s: float = 30.0) -> None:
-        self.address, self.token, self.timeout_s = address, token, timeout_s
+    def __init__(self, address: str, token: str, timeout_s: float = 10.0, deadline_s: float = 60.0) -> None:
+        self.address, self.token, self.timeout_s, self.deadline_s = address, token, timeout_s, deadline_s
         self._ctx = zmq.Context.instance()
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
@@ -69,20 +69,40 @@ class RpcChannel:
             self._sock = s
         return self._sock
 
-    def call(self, op: str, timeout_s: float | None = None, **args):
-        timeout = self.timeout_s if timeout_s is None else timeout_s
+    def call(self, op: str, *, attempt_s: float | None = None, deadline_s: float | None = None, **args):
+        """Call `op` on the hub; retry with backoff while it is unreachable, up to `deadline_s`.
+
+        `attempt_s` bounds one try (default: the channel's timeout); `deadline_s` the whole call
+        (default: the channel's deadline). Past it: HubUnavailableError. Typed hub errors are raised
+        at once. A retried call may reach the hub twice; every hub operation tolerates that.
+        """
+        attempt = self.timeout_s if attempt_s is None else attempt_s
+        deadline = time.monotonic() + (self.deadline_s if deadline_s is None else deadline_s)
+        delay = 0.1
+        self.retried = False
+        while True:
+            try:
+                return self._call_once(op, min(attempt, max(0.05, deadline - time.monotonic())), args)
+            except HubUnavailableError:
+                self.retried = True
+                if time.monotonic() + delay >= deadline:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    def _call_once(self, op: str, timeout: float, args: dict):
         with self._lock:
             rid = next(self._ids)
             sock = self._socket()
             sock.send_multipart([b"", pack({"id": rid, "op": op, "token": self.token, "args": args})])
-            deadline = None if timeout is None else time.monotonic() + timeout
+            deadline = time.monotonic() + timeout
             while True:
-                wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-                if not sock.poll(None if wait is None else int(wait * 1000)):
+                wait = max(0.0, deadline - time.monotonic())
+                if not sock.poll(int(wait * 1000)):
                     # Drop the socket: a late reply must not be read as the answer to the next call.
                     sock.close(0)
                     self._sock = None
-                    raise HubUnavailableError(f"hub at {self.address} did not answer {op!r} within {timeout}s")
+                    raise HubUnavailableError(f"hub at {self.address} did not answer {op!r} within {timeout:.1f}s")
                 frames = sock.recv_multipart()
                 msg = unpack(frames[-1])
                 if msg.get("id") != rid:

@@ -47,7 +47,10 @@ class HubServer:
             os.chmod(journal, 0o600)
         except OSError:
             pass
-        self.state = HubState(self.cfg, commit_hook=self._journal_commit)
+        # Ids carry the hub's epoch (restarts so far) so a restarted hub never reuses one.
+        self.epoch = int(self.journal.get_meta("epoch") or 0) + 1
+        self.journal.set_meta("epoch", self.epoch)
+        self.state = HubState(self.cfg, commit_hook=self._journal_commit, id_prefix=f"{self.epoch}.")
         for model, version, group, manifests, _ in self.journal.load():
             self.state.restore_committed(model, version, group,
                                          {k: Manifest.from_wire(m) for k, m in manifests.items()})
@@ -155,15 +158,16 @@ class HubServer:
     def op_ping(self, ident, rid):
         return {"time": time.time()}
 
-    def op_join(self, ident, rid, name: str, location: dict, endpoint: dict, worker_id: str | None = None):
-        wid = self.state.join(str(name), Location.from_wire(location), dict(endpoint), worker_id)
+    def op_join(self, ident, rid, name: str, location: dict, endpoint: dict, worker_id: str | None = None,
+                role: str = "worker", follow: bool = False):
+        wid = self.state.join(str(name), Location.from_wire(location), dict(endpoint), worker_id, role, bool(follow))
         log.info("worker %s (%s) joined at %s", wid, name, location)
         return {"wid": wid, "ticket_key": self.signer.public_bytes,
                 "worker_timeout_s": self.cfg.worker_timeout_s}
 
     def op_heartbeat(self, ident, rid, wid: str):
         self.state.touch(wid)
-        return {"drops": self.state.drops_for(wid)}
+        return {"drops": self.state.drops_for(wid), "tasks": self.state.tasks_for(wid)}
 
     def op_leave(self, ident, rid, wid: str):
         self.state.touch(wid)
@@ -181,6 +185,12 @@ class HubServer:
     def op_fetch(self, ident, rid, wid: str, model: str, version, shard, group=None, into_spec=None):
         grp = (str(group[0]), group[1]) if group else None
         plan = self.state.plan_fetch(wid, _name(model), version, Shard.from_wire(shard), grp, into_spec)
+        return self._plan_reply(wid, plan)
+
+    def op_replan(self, ident, rid, wid: str, fetch_id: str, failed: list, units: list):
+        return self._plan_reply(wid, self.state.replan(wid, fetch_id, [str(x) for x in failed], list(units)))
+
+    def _plan_reply(self, wid: str, plan) -> dict:
         exp = time.time() + self.cfg.ticket_ttl_s
         return {"fetch_id": plan.fetch_id, "version": plan.version, "manifest": plan.manifest.to_wire(),
                 "sources": [{"replica": rep.id, "worker": w.id, "endpoint": w.endpoint,
@@ -192,8 +202,9 @@ class HubServer:
         self.state.fetch_done(wid, fetch_id, bool(ok))
         return True
 
-    def op_release(self, ident, rid, wid: str, model: str, version: int, shard, slot: str = "live"):
-        outcome = self.state.release(wid, _name(model), int(version), Shard.from_wire(shard), slot)
+    def op_release(self, ident, rid, wid: str, model: str, version: int, shard, slot: str = "live",
+                   handoff: bool = False):
+        outcome = self.state.release(wid, _name(model), int(version), Shard.from_wire(shard), slot, bool(handoff))
         if outcome is PENDING:
             rep = f"{wid}:{model}:{version}:{Shard.from_wire(shard).key}:{slot}"
             self._waiting.setdefault(rep, []).append((ident, rid))

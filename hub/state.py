@@ -36,6 +36,8 @@ class HubConfig:
     """A worker silent for this long (no RPC, no heartbeat) is expired and its replicas dropped."""
     ticket_ttl_s: float = 600.0
     """Lifetime of a data-plane ticket issued with a fetch plan."""
+    suspect_s: float = 10.0
+    """A source a reader reported dead or stalled gets no new reads for this long (or until it expires)."""
 
 
 @dataclass(slots=True)
@@ -45,6 +47,9 @@ class WorkerRec:
     location: Location
     endpoint: dict
     last_seen: float
+    role: str = "worker"
+    follow: bool = False
+    tasks: list = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -115,7 +120,7 @@ DONE, SEED, PENDING = Release("done"), Release("seed"), Release("pending")
 
 class HubState:
     def __init__(self, cfg: HubConfig, commit_hook: Callable[..., None] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, id_prefix: str = "") -> None:
         self.cfg = cfg
         self.planner = Planner(cfg.planner)
         self.retention = RetentionPolicy(cfg.retention)
@@ -126,12 +131,21 @@ class HubState:
         self.replicas: dict[str, ReplicaRec] = {}
         self.fetches: dict[str, FetchRec] = {}
         self.pending_releases: set[str] = set()
+        self.handoffs: dict[str, str] = {}     # releasing replica id -> seed worker asked to take it
+        self.suspects: dict[str, float] = {}   # replica id -> no new reads until this time
         self._ids = itertools.count(1)
+        self._prefix = id_prefix
 
     # ---------------------------------------------------------------- workers
-    def join(self, name: str, location: Location, endpoint: dict, worker_id: str | None = None) -> str:
-        wid = worker_id or f"w{next(self._ids)}"
-        self.workers[wid] = WorkerRec(wid, name, location, endpoint, self.clock())
+    def join(self, name: str, location: Location, endpoint: dict, worker_id: str | None = None,
+             role: str = "worker", follow: bool = False) -> str:
+        """Add a worker; `worker_id` re-joins under a known id (after a hub restart or failover)."""
+        if role not in ("worker", "seed"):
+            raise E.ProtocolError(f"unknown worker role {role!r}")
+        if worker_id is not None and worker_id in self.workers:
+            self.remove_worker(worker_id)  # a re-join replaces the old registration
+        wid = worker_id or f"w{self._prefix}{next(self._ids)}"
+        self.workers[wid] = WorkerRec(wid, name, location, endpoint, self.clock(), role, follow)
         return wid
 
     def touch(self, wid: str) -> WorkerRec:
@@ -150,6 +164,10 @@ class HubState:
         for rid in gone:
             self.replicas.pop(rid)
             self.pending_releases.discard(rid)
+            self.suspects.pop(rid, None)
+        for f in self.fetches.values():  # open fetches stop counting on the dead worker as a source
+            for rid in gone:
+                f.sources.pop(rid, None)
         return gone
 
     def expire(self) -> list[str]:
@@ -300,10 +318,14 @@ class HubState:
         if into_spec is not None:
             check_into_spec(manifest, into_spec)
         relay_id = f"{wid}:{model}:{ver}:{shard.key}:live"
+        stale = None
         if relay_id in self.replicas:
-            raise E.VersionError(f"worker already holds or is fetching {model!r} v{ver} {shard.key}")
-        cands = [r for r in self.replicas_of(model, ver, shard.key)
-                 if not r.releasing and r.worker != wid and r.worker in self.workers]
+            stale = next((f.id for f in self.fetches.values() if f.relay == relay_id), None)
+            if stale is None:
+                raise E.VersionError(f"worker already holds {model!r} v{ver} {shard.key}")
+            # The reader asks again for a fetch it has open: its first answer was lost (hub restart,
+            # timeout). The old plan was never used; it is replaced below.
+        cands = self._candidates(wid, model, ver, shard.key, exclude_fetch=stale)
         if not cands:
             if self.is_retained(model, ver):
                 raise E.VersionLostError(f"{model!r} v{ver} {shard.key}: no live replica is left "
@@ -321,6 +343,8 @@ class HubState:
         assignment = self.planner.choose_sources(reader.location, srcs, [u.nbytes for u in manifest.units],
                                                  cross_dc_inflight=crossing)
         # -- validated: mutate
+        if stale is not None:
+            del self.fetches[stale]
         if pin is not None:
             m.pins[group[0]] = pin
             pin.served.add(shard.key)
@@ -332,6 +356,57 @@ class HubState:
         return Plan(fid, ver, manifest,
                     [(self.replicas[rid], self.workers[self.replicas[rid].worker], units)
                      for rid, units in assignment.items()])
+
+    def _candidates(self, wid: str, model: str, ver: int, shard: str,
+                    exclude_fetch: str | None = None) -> list[ReplicaRec]:
+        """Replicas a reader may read from: not releasing, not suspect, not itself, not downstream of it."""
+        now = self.clock()
+        down = self._downstream(wid, model, ver, shard, exclude_fetch)
+        return [r for r in self.replicas_of(model, ver, shard)
+                if not r.releasing and r.worker != wid and r.worker in self.workers
+                and self.suspects.get(r.id, 0) <= now and r.worker not in down]
+
+    def _downstream(self, wid: str, model: str, ver: int, shard: str, exclude_fetch: str | None) -> set[str]:
+        """Workers whose open fetches read (transitively) from `wid`'s relay: never its sources."""
+        down, frontier = set(), {f"{wid}:{model}:{ver}:{shard}:live"}
+        while frontier:
+            nxt = set()
+            for f in self.fetches.values():
+                if f.id != exclude_fetch and f.model == model and f.version == ver and f.shard == shard \
+                        and frontier & set(f.sources) and f.reader not in down:
+                    down.add(f.reader)
+                    nxt.add(f.relay)
+            frontier = nxt
+        return down
+
+    def replan(self, wid: str, fid: str, failed: list[str], units: list[int]) -> Plan:
+        """A reader's sources `failed` (dead or stalled): mark them suspect, plan `units` elsewhere."""
+        reader = self.touch(wid)
+        f = self.fetches.get(fid)
+        if f is None or f.reader != wid:
+            raise E.ProtocolError(f"unknown fetch {fid!r} for worker {wid}")
+        manifest = self.models[f.model].versions[f.version].manifests[f.shard]
+        if any(not isinstance(u, int) or not 0 <= u < len(manifest.units) for u in units):
+            raise E.ProtocolError("replan: unit ids out of range")
+        until = self.clock() + self.cfg.suspect_s
+        for rid in failed:
+            if rid in self.replicas:
+                self.suspects[rid] = until
+                log.warning("fetch %s: source %s reported failed; suspect for %.0fs", fid, rid, self.cfg.suspect_s)
+            f.sources.pop(rid, None)
+        cands = self._candidates(wid, f.model, f.version, f.shard, exclude_fetch=fid)
+        if not cands:
+            raise E.VersionLostError(f"{f.model!r} v{f.version} {f.shard}: no other replica can serve "
+                                     f"the {len(units)} missing units")
+        srcs = [Source(r.id, r.worker, self.workers[r.worker].location, r.full, self.worker_load(r.worker))
+                for r in cands]
+        sub = self.planner.choose_sources(reader.location, srcs, [manifest.units[u].nbytes for u in units])
+        assignment = {rid: [units[i] for i in idx] for rid, idx in sub.items()}
+        for rid, us in assignment.items():
+            f.sources[rid] = sorted(set(f.sources.get(rid, [])) | set(us))
+        return Plan(fid, f.version, manifest,
+                    [(self.replicas[rid], self.workers[self.replicas[rid].worker], us)
+                     for rid, us in assignment.items()])
 
     def fetch_done(self, wid: str, fid: str, ok: bool) -> None:
         self.touch(wid)
@@ -345,13 +420,17 @@ class HubState:
             self.replicas.pop(f.relay, None)
 
     # ---------------------------------------------------------------- release
-    def release(self, wid: str, model: str, version: int, shard: Shard, slot: str = "live") -> Release:
+    def release(self, wid: str, model: str, version: int, shard: Shard, slot: str = "live",
+                handoff: bool = False) -> Release:
+        """`handoff=True` (a worker leaving): the last replica hands off to a seed worker, not to itself."""
         self.touch(wid)
         rid = f"{wid}:{model}:{version}:{shard.key}:{slot}"
         if rid not in self.replicas:
             raise E.NotAReplicaError(f"worker {wid} holds no {slot} replica of {model!r} v{version} {shard.key}")
         if not self.replicas[rid].full:
             raise E.NotAReplicaError(f"{model!r} v{version} {shard.key} is still being fetched by this worker")
+        if handoff:
+            self.handoffs.setdefault(rid, "")
         return self.release_step(rid)
 
     def release_step(self, rid: str) -> Release:
@@ -365,7 +444,20 @@ class HubState:
         relays = sum(1 for p in peers if not p.full)
         d = self.retention.decide(retained=self.is_retained(r.model, r.version),
                                   other_full=other_full, relays=relays)
+        if d is Decision.SEED and rid in self.handoffs:
+            target = self.handoffs[rid]
+            if not target or target not in self.workers:
+                target = self._seed_worker_for(r)
+            if target:
+                if not self.handoffs[rid]:
+                    self.workers[target].tasks.append([r.model, r.version, r.shard])
+                    log.info("%s leaving: seed worker %s takes %s v%d %s", r.worker, target, r.model, r.version, r.shard)
+                self.handoffs[rid] = target
+                r.releasing = False  # keep serving: the seed worker reads from it
+                self.pending_releases.add(rid)
+                return PENDING
         if d is Decision.SEED:
+            self.handoffs.pop(rid, None)
             if r.slot == "seed":
                 raise E.HubError(f"{rid} is the last replica of a retained version: it cannot be released")
             r.releasing = False
@@ -377,7 +469,15 @@ class HubState:
             return PENDING
         del self.replicas[rid]
         self.pending_releases.discard(rid)
+        self.handoffs.pop(rid, None)
         return DONE
+
+    def _seed_worker_for(self, r: ReplicaRec) -> str:
+        """The nearest live seed worker that does not already hold or fetch this shard, or ''."""
+        src = self.workers[r.worker].location
+        holders = {p.worker for p in self.replicas_of(r.model, r.version, r.shard)}
+        seeds = [w for w in self.workers.values() if w.role == "seed" and w.id not in holders]
+        return min(seeds, key=lambda w: (src.distance(w.location), len(w.tasks), w.id)).id if seeds else ""
 
     def poll_releases(self) -> dict[str, Release]:
         """Re-evaluate pending releases; returns those that finished (DONE or SEED)."""
@@ -389,14 +489,34 @@ class HubState:
         return out
 
     def drops_for(self, wid: str) -> list[str]:
-        """Seeds of `wid` no longer needed (version not retained, nobody reading): dropped now."""
+        """Seeds of `wid` no longer needed (version not retained, nobody reading): dropped now.
+
+        A seed worker's replicas are all seeds, whatever their slot."""
+        w = self.workers.get(wid)
         out = []
         for r in list(self.replicas.values()):
-            if (r.worker == wid and r.slot == "seed" and not self.is_retained(r.model, r.version)
-                    and self.inflight_from(r.id) == 0):
+            if (r.worker == wid and r.full and (r.slot == "seed" or (w and w.role == "seed"))
+                    and not self.is_retained(r.model, r.version) and self.inflight_from(r.id) == 0
+                    and r.id not in self.pending_releases):
                 del self.replicas[r.id]
                 out.append(r.id)
         return out
+
+    def tasks_for(self, wid: str) -> list[list]:
+        """Fetches a seed worker should start: hand-offs asked of it, and (if it follows) each latest."""
+        w = self.workers[wid]
+        tasks, w.tasks = w.tasks, []
+        if w.follow:
+            for m in self.models.values():
+                if m.latest is None:
+                    continue
+                for key in m.versions[m.latest].manifests:
+                    if f"{wid}:{m.name}:{m.latest}:{key}:live" not in self.replicas:
+                        tasks.append([m.name, m.latest, key])
+        group = {}
+        for model, ver, key in tasks:
+            group[(model, ver, key)] = list(self.models[model].versions[ver].group)
+        return [[m, v, k, g] for (m, v, k), g in group.items()]
 
     def stats(self) -> dict:
         return {"workers": len(self.workers), "replicas": len(self.replicas), "fetches": len(self.fetches),
