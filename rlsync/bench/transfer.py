@@ -312,7 +312,7 @@ class MooncakeContender(Contender):
 
 
 # ---------------------------------------------------------------- the run
-def run(size: int, reps: int, streams: int, skip: set[str], cache: Path) -> dict:
+def run(size: int, reps: int, streams: int, skip: set[str], cache: Path, command: str = "") -> dict:
     from rlsync.hub.dataplane import DataPlaneConfig
 
     source = RlsyncSource(size)
@@ -363,6 +363,13 @@ def run(size: int, reps: int, streams: int, skip: set[str], cache: Path) -> dict
         fb = next((f for n, f in figures.items() if n.startswith(b)), None)
         return round(a.median / fb.median, 3) if a and fb and a.median and fb.median else None
 
+    def paired(a: Figure | None, b: str) -> float | None:
+        """Median over rounds of a/b within the round: steadier when other load comes and goes."""
+        fb = next((f for n, f in figures.items() if n.startswith(b)), None)
+        if not (a and fb and a.gbps and len(a.gbps) == len(fb.gbps)):
+            return None
+        return round(statistics.median(x / y for x, y in zip(a.gbps, fb.gbps)), 3)
+
     return {
         "scenario": "transfer",
         "size_bytes": size,
@@ -377,9 +384,11 @@ def run(size: int, reps: int, streams: int, skip: set[str], cache: Path) -> dict
         "ratio_vs_iperf3_1stream": ratio(one, "iperf3"),
         "ratio_vs_mooncake_1stream": ratio(one, "Mooncake"),
         "ratio_vs_tcp_py": ratio(default, "rlsync tcp-py"),
+        "paired_ratio_vs_iperf3": paired(default, "iperf3"),
+        "paired_ratio_vs_mooncake": paired(default, "Mooncake"),
         "machine": {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version(),
                     "loadavg_before": load0, "loadavg_after": os.getloadavg()},
-        "command": "python -m rlsync.bench transfer " + " ".join(sys.argv[2:]),
+        "command": command,
     }
 
 
@@ -399,7 +408,7 @@ def print_table(res: dict) -> None:
     c = Console()
     c.print(t)
     for k in ("ratio_vs_iperf3", "ratio_vs_mooncake", "ratio_vs_iperf3_1stream", "ratio_vs_mooncake_1stream",
-              "ratio_vs_tcp_py"):
+              "ratio_vs_tcp_py", "paired_ratio_vs_iperf3", "paired_ratio_vs_mooncake"):
         c.print(f"{k}: {res[k]}")
 
 
@@ -417,7 +426,8 @@ def main(argv: list[str]) -> int:
                    help="where set-up keeps the Mooncake venv")
     p.add_argument("--json", type=Path, help="write every figure and the ratios here")
     a = p.parse_args(argv)
-    res = run(a.size, a.reps, a.streams, {s.lower() for s in a.skip}, a.cache.expanduser())
+    res = run(a.size, a.reps, a.streams, {s.lower() for s in a.skip}, a.cache.expanduser(),
+              command=" ".join(["python -m rlsync.bench transfer", *argv]))
     print_table(res)
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
