@@ -155,6 +155,8 @@ class TrainConfig:
     """`auto`: continue from the newest checkpoint in run_dir if there is one; `never`; or a checkpoint dir."""
     timeout_s: float = 600.0
     """Longest the driver waits for any one worker call before it gives up on the run."""
+    max_failed_requests: int = 10
+    """Rollout calls that may fail (an error inside a worker) before the run gives up; each loses its prompts."""
     progress: bool | None = None
     """Progress bar on the driver's steps; None: on when stderr is a terminal."""
     model: ModelConfig = field(default_factory=ModelConfig)

@@ -257,6 +257,13 @@ class Driver:
                     if not any(g.members for g in self.pools.values()):
                         raise RunError("every rollout worker is gone") from e
                     continue
+                except ray.exceptions.RayTaskError as e:
+                    log.warning("rollout on %s failed: %s; %d prompts lost", key, e, n)
+                    self.totals["pool/lost_prompts"] += n
+                    self.totals["pool/failed_requests"] += 1
+                    if self.totals["pool/failed_requests"] > c.max_failed_requests:
+                        raise RunError(f"more than {c.max_failed_requests} rollout requests failed") from e
+                    continue
                 for b in res["groups"]:
                     buf.add(res["version"], b, samples=len(b))
                 step_stats["timing_s/generate"] += res["generate_s"]

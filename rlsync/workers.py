@@ -212,11 +212,30 @@ class RolloutWorker:
                     time.sleep(self.cfg.inject.weights_delay_s)
                 while (latest := self.hub.latest(name)) is None or latest < min_version:
                     time.sleep(r.weight_poll_s)
-        with self.clock.state("loading_weights"):
-            got = self.hub.fetch(name, "latest", into=self.engine.named_parameters_for_sync())
+        got = self._fetch_latest(name)
         self.engine.version = got.version
         self.clock.event("fetch", version=got.version, bytes=got.nbytes, seconds=got.seconds,
                          sources=sorted(got.bytes_by_source), transports=sorted(set(got.transports.values())))
+
+    def _fetch_latest(self, name: str, attempts: int = 5):
+        """Fetch `latest` into the engine's parameters; retry when the version resolved is lost meanwhile.
+
+        Race: `latest` resolves to v, then v + 1 commits and every holder of v lets it go (the
+        trainer steps, peers fetch v + 1 into the same buffers) before this read is served. v is
+        then no longer retained and the hub says so (VersionLostError); `latest` is now v + 1.
+        A retry overwrites every buffer, so a half-written v never survives.
+        """
+        from rlsync.hub import errors as E
+
+        for attempt in range(attempts):
+            try:
+                with self.clock.state("loading_weights"):
+                    return self.hub.fetch(name, "latest", into=self.engine.named_parameters_for_sync())
+            except (E.VersionLostError, E.VersionNotRetainedError, E.TransferError) as e:
+                self.engine.version = -1  # the buffers may hold a mix now
+                self.clock.event("fetch_retry", error=type(e).__name__)
+                log.info("fetch of latest %s failed (%s); retrying (%d/%d)", name, e, attempt + 1, attempts)
+        raise RuntimeError(f"could not fetch {name!r} latest in {attempts} attempts")
 
     def rollout(self, prompts: list, min_version: int) -> dict[str, Any]:
         """Sample `group_size` responses per prompt with weights of version >= min_version, score them.
