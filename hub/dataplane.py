@@ -39,7 +39,7 @@ class DataPlaneConfig:
     """How long a relay's server waits for a unit it has not received yet."""
     streams: int = 2
     """Parallel connections per source a reader opens, units striped over them (capped by the
-    transport's `max_streams`: 1 for tcp-py and shm, which gain nothing from it)."""
+    transport's `max_streams`: 1 for tcp-py and shm, whose per-unit verification holds the GIL)."""
     serve_delay_s: float = 0.0
     """Fault injection for tests: sleep before sending each unit (a slow source). Keep 0."""
 

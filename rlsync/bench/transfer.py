@@ -63,6 +63,14 @@ class Figure:
         return statistics.median(self.gbps) if self.gbps else None
 
 
+def cpu_pressure() -> float | None:
+    """Share of the last 10 s in which some runnable task waited for a CPU (Linux PSI), in percent."""
+    try:
+        return float(Path("/proc/pressure/cpu").read_text().split()[1].split("=")[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def parse_size(text: str) -> int:
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?)B?\s*", text, re.IGNORECASE)
     if not m:
@@ -338,7 +346,7 @@ def run(size: int, reps: int, streams: int, skip: set[str], cache: Path, command
         except Skip as e:
             figures[c.name].skipped = str(e)
             log.warning("%s: skipped: %s", c.name, e)
-    load0 = os.getloadavg()
+    load0, psi0 = os.getloadavg(), cpu_pressure()
     try:
         for rep in range(reps + 1):  # round 0 warms up, untimed
             for c in list(running):
@@ -387,7 +395,8 @@ def run(size: int, reps: int, streams: int, skip: set[str], cache: Path, command
         "paired_ratio_vs_iperf3": paired(default, "iperf3"),
         "paired_ratio_vs_mooncake": paired(default, "Mooncake"),
         "machine": {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version(),
-                    "loadavg_before": load0, "loadavg_after": os.getloadavg()},
+                    "loadavg_before": load0, "loadavg_after": os.getloadavg(),
+                    "cpu_pressure_pct_before": psi0, "cpu_pressure_pct_after": cpu_pressure()},
         "command": command,
     }
 
@@ -407,6 +416,9 @@ def print_table(res: dict) -> None:
                   " ".join(f"{x:.2f}" for x in f["runs_gbps"]) if m else f["skipped"])
     c = Console()
     c.print(t)
+    m = res["machine"]
+    c.print(f"machine: {m['cpus']} CPUs, load {m['loadavg_before'][0]:.1f} -> {m['loadavg_after'][0]:.1f}, "
+            f"CPU pressure {m['cpu_pressure_pct_before']}% -> {m['cpu_pressure_pct_after']}% (shared machine)")
     for k in ("ratio_vs_iperf3", "ratio_vs_mooncake", "ratio_vs_iperf3_1stream", "ratio_vs_mooncake_1stream",
               "ratio_vs_tcp_py", "paired_ratio_vs_iperf3", "paired_ratio_vs_mooncake"):
         c.print(f"{k}: {res[k]}")
