@@ -444,17 +444,21 @@ class HubClient:
 
         def pull(src: dict) -> None:
             units = [u for u in src["units"] if not dest.present[u]]
+            lock = threading.Lock()
+            per_source.setdefault(src["worker"], 0)
+
+            def landed(u: int) -> None:  # count units as they verify, so a failed source's part counts
+                with lock:
+                    per_source[src["worker"]] += dest.manifest.units[u].nbytes
+
             try:
                 transport = choose_transport(self._endpoint, src["endpoint"], self.cfg.transport)
                 used[src["worker"]] = transport.name
-                got = read_from_source(transport, src["endpoint"], src["ticket"], src["replica"], units, dest,
-                                       self.cfg.dataplane.io_timeout_s, streams=self.cfg.dataplane.streams)
-                per_source[src["worker"]] = per_source.get(src["worker"], 0) + got
+                read_from_source(transport, src["endpoint"], src["ticket"], src["replica"], units, dest,
+                                 self.cfg.dataplane.io_timeout_s, on_unit=landed, streams=self.cfg.dataplane.streams)
             except BaseException as e:  # noqa: BLE001 - reported to the caller's thread
                 failed.append(src["replica"])
                 errors.append(e)
-                # Units that did land count towards the source's bytes.
-                per_source.setdefault(src["worker"], 0)
 
         threads = [threading.Thread(target=pull, args=(s,), daemon=True) for s in sources[1:]]
         for t in threads:

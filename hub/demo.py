@@ -20,11 +20,12 @@ from .client import HubClient
 from .procs import WorkerProcess, close_all
 
 
-def start_hub_process(workdir: str, port: int = 0) -> tuple[subprocess.Popen, str, str]:
+def start_hub_process(workdir: str, port: int = 0, worker_timeout_s: float = 15.0) -> tuple[subprocess.Popen, str, str]:
     """Start `python -m rlsync.hub serve` and wait until it listens; returns (proc, address, token)."""
     token_file = os.path.join(workdir, "hub.token")
     cmd = [sys.executable, "-m", "rlsync.hub", "serve", "--host", "127.0.0.1", "--port", str(port),
-           "--token-file", token_file, "--journal", os.path.join(workdir, "journal.db")]
+           "--token-file", token_file, "--journal", os.path.join(workdir, "journal.db"),
+           "--worker-timeout", str(worker_timeout_s)]
     env = dict(os.environ, RLSYNC_LOG=os.environ.get("RLSYNC_HUB_LOG", "WARNING"))
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
     line = proc.stdout.readline()

@@ -50,7 +50,8 @@ def _worker_main(conn, address: str, token: str, client_cfg) -> None:
 
     def run(cmd: str, kw: dict):
         if cmd == "join":
-            return client.join(Location(**kw.get("location", {})), kw.get("name", "worker"))
+            return client.join(Location(**kw.get("location", {})), kw.get("name", "worker"),
+                               role=kw.get("role", "worker"), follow=kw.get("follow", False))
         if cmd == "publish":
             t = make_model(kw["size_mb"], kw["seed"])
             bufs[kw.get("buf", "main")] = t
@@ -78,7 +79,7 @@ def _worker_main(conn, address: str, token: str, client_cfg) -> None:
         if cmd == "held":
             return client.held()
         if cmd == "leave":
-            client.leave()
+            client.leave(deadline_s=kw.get("deadline_s", 0.0))
             return True
         raise ValueError(f"unknown command {cmd}")
 
@@ -162,8 +163,8 @@ class WorkerProcess:
             raise WorkerError(*val)
         return val
 
-    def join(self, **location) -> str:
-        self.wid = self.call("join", location=location, name=self.name)
+    def join(self, role: str = "worker", follow: bool = False, **location) -> str:
+        self.wid = self.call("join", location=location, name=self.name, role=role, follow=follow)
         return self.wid
 
     def kill(self) -> None:

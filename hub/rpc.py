@@ -81,8 +81,9 @@ class RpcChannel:
         delay = 0.1
         self.retried = False
         while True:
-            try:
-                return self._call_once(op, min(attempt, max(0.05, deadline - time.monotonic())), args)
+            left = deadline - time.monotonic()
+            try:  # the first try always gets its full attempt time; later ones what the deadline leaves
+                return self._call_once(op, attempt if not self.retried else min(attempt, max(0.05, left)), args)
             except HubUnavailableError:
                 self.retried = True
                 if time.monotonic() + delay >= deadline:

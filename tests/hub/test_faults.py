@@ -1,0 +1,182 @@
+"""Faults with real processes: sources dying or stalling mid-transfer, spot loss with and without
+notice, and kill -9 of the hub itself. Nothing torn, nothing stale, nothing lost that had a copy."""
+import os
+import signal
+import socket
+import time
+
+import pytest
+import torch
+
+from rlsync.hub import ClientConfig, HubClient, Location, ManifestConfig
+from rlsync.hub import errors as E
+from rlsync.hub.dataplane import DataPlaneConfig
+from rlsync.hub.demo import start_hub_process
+from rlsync.hub.planner import PlannerConfig
+from rlsync.hub.procs import WorkerError, WorkerProcess, close_all
+from rlsync.hub.server import start_embedded_hub
+from rlsync.hub.state import HubConfig
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture
+def procs():
+    made = []
+
+    def make(address, token, name, slow_s=0.0, io_timeout_s=30.0, hub_deadline_s=60.0):
+        cfg = ClientConfig(dataplane=DataPlaneConfig(serve_delay_s=slow_s, io_timeout_s=io_timeout_s),
+                           transport="tcp-py", manifest=ManifestConfig(chunk_bytes=1 << 20),
+                           hub_deadline_s=hub_deadline_s)
+        w = WorkerProcess(address, token, cfg, name=name)
+        made.append(w)
+        return w
+
+    yield make
+    for w in made:  # un-stop anything a test SIGSTOPped, then close
+        try:
+            os.kill(w.proc.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    close_all(made)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def two_sources_one_slow(hub, procs, **kw):
+    """trainer publishes; `a` fetches it fully; `b` will read from the slow `a` (same rack)."""
+    trainer = procs(hub.address, hub.token, "trainer")
+    a = procs(hub.address, hub.token, "a", slow_s=0.05)
+    b = procs(hub.address, hub.token, "b", **kw)
+    trainer.join(rack="r-train", host="t")
+    a.join(rack="r-roll", host="a")
+    b.join(rack="r-roll", host="b")
+    pub = trainer.call("publish", model="policy", version=1, size_mb=16, seed=21)
+    assert a.call("fetch", model="policy")["digest"] == pub["digest"]
+    return trainer, a, b, pub
+
+
+def test_source_killed_mid_transfer_replans_missing_units(procs):
+    with start_embedded_hub(config=HubConfig(planner=PlannerConfig(max_sources=1))) as hub:
+        trainer, a, b, pub = two_sources_one_slow(hub, procs)
+        tag = b.start("fetch", model="policy")
+        time.sleep(0.5)          # b is mid-transfer from a (same rack beats the trainer's rack)
+        a.kill()                 # kill -9
+        got = b.wait(tag)
+        assert got["digest"] == pub["digest"]
+        assert got["bytes_by_source"][a.wid] < got["nbytes"]        # a sent part of it ...
+        assert got["bytes_by_source"][trainer.wid] > 0               # ... the trainer the rest
+        assert sum(got["bytes_by_source"].values()) == got["nbytes"]  # only the missing units again
+
+
+def test_stalled_source_past_deadline_is_replanned(procs):
+    with start_embedded_hub(config=HubConfig(planner=PlannerConfig(max_sources=1))) as hub:
+        trainer, a, b, pub = two_sources_one_slow(hub, procs, io_timeout_s=1.5)
+        tag = b.start("fetch", model="policy")
+        time.sleep(0.5)
+        os.kill(a.proc.pid, signal.SIGSTOP)   # alive but silent
+        got = b.wait(tag)
+        assert got["digest"] == pub["digest"] and got["bytes_by_source"][trainer.wid] > 0
+        assert any(f.endswith(":live") for f in hub.server.state.suspects)
+
+
+def test_sole_holder_killed_without_notice_version_lost_never_stale(tmp_path, procs):
+    proc, address, token = start_hub_process(str(tmp_path), worker_timeout_s=2.0)
+    try:
+        trainer = procs(address, token, "trainer")
+        old = procs(address, token, "old-reader")
+        trainer.join(host="t")
+        old.join(host="o")
+        trainer.call("publish", model="policy", version=1, size_mb=2, seed=1)
+        old.call("fetch", model="policy")
+        trainer.call("publish", model="policy", version=2, size_mb=2, seed=2, buf="v2")
+        trainer.kill()  # the only holder of v2 dies with no notice
+        time.sleep(3.5)  # > worker timeout: heartbeats expire it
+        reader = HubClient(address, token)
+        reader.join(Location(host="r"))
+        with pytest.raises(E.VersionLostError):
+            reader.fetch("policy")           # latest is v2: lost, and v1 is never served instead
+        assert reader.fetch("policy", 1).version == 1   # v1 still has a live replica
+        reader.leave()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_spot_leave_with_notice_hands_off_to_a_seed_worker(procs):
+    with start_embedded_hub() as hub:
+        spot = procs(hub.address, hub.token, "spot")
+        seed = procs(hub.address, hub.token, "seed")
+        reader = procs(hub.address, hub.token, "reader")
+        spot.join(host="s")
+        seed.join(host="seed", role="seed")
+        reader.join(host="r")
+        pub = spot.call("publish", model="policy", version=4, size_mb=8, seed=3)
+        spot.call("leave", deadline_s=30.0)   # preemption notice: retention runs first
+        spot.close()
+        got = reader.call("fetch", model="policy")
+        assert got["version"] == 4 and got["digest"] == pub["digest"]
+        assert list(got["bytes_by_source"]) == [seed.wid]
+
+
+def test_hub_kill9_restart_recovers_workers_and_never_reuses_versions(tmp_path, procs):
+    port = free_port()
+    proc, address, token = start_hub_process(str(tmp_path), port=port)
+    try:
+        trainer = procs(address, token, "trainer", slow_s=0.03)
+        r1 = procs(address, token, "r1")
+        r2 = procs(address, token, "r2")
+        trainer.join(host="t")
+        r1.join(host="a")
+        r2.join(host="b")
+        pub = trainer.call("publish", model="policy", version=1, size_mb=16, seed=7)
+        tag = r1.start("fetch", model="policy")
+        time.sleep(0.4)
+        proc.kill()                      # kill -9 of the hub while r1 is mid-fetch
+        proc.wait()
+        time.sleep(0.5)
+        proc, address2, _ = start_hub_process(str(tmp_path), port=port)  # same address, same journal
+        assert address2 == address
+        got = r1.wait(tag)               # the data plane did not need the hub
+        assert got["digest"] == pub["digest"]
+        time.sleep(2.5)                  # heartbeats notice the restart; workers re-register
+        got2 = r2.call("fetch", model="policy")
+        assert got2["version"] == 1 and got2["digest"] == pub["digest"]
+        fresh = HubClient(address, token)
+        fresh.join(Location(host="fresh"))
+        with pytest.raises(E.VersionError, match="latest committed 1"):
+            fresh.publish("policy", 1, {"w": torch.zeros(4)})  # the restarted hub remembers v1
+        fresh.leave()
+        assert trainer.call("publish", model="policy", version=2, size_mb=1, seed=9, buf="y")["committed"]
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_client_raises_typed_error_only_after_its_deadline():
+    port = free_port()
+    c = HubClient(f"tcp://127.0.0.1:{port}", "tok", config=ClientConfig(rpc_timeout_s=0.3, hub_deadline_s=1.5))
+    t0 = time.monotonic()
+    with pytest.raises(E.HubUnavailableError):
+        c.join(Location(host="x"))
+    assert 1.2 <= time.monotonic() - t0 < 5
+
+
+def test_replan_never_routes_to_a_downstream_relay():
+    from rlsync.hub.manifest import build_manifest
+    from rlsync.hub.shard import Shard
+    from rlsync.hub.state import HubState
+    s = HubState(HubConfig(planner=PlannerConfig(fanout_cap=1, max_sources=1)))
+    w = {n: s.join(n, Location(host=n), {}) for n in ("t", "a", "b")}
+    m = build_manifest({"w": torch.zeros(64)}, ManifestConfig(chunk_bytes=16, pack_below=0))
+    s.publish(w["t"], "p", 1, Shard(), m)
+    fa = s.plan_fetch(w["a"], "p", 1, Shard())
+    fb = s.plan_fetch(w["b"], "p", 1, Shard())          # b relays from a
+    assert fb.sources[0][1].id == w["a"]
+    # a's source (the trainer) fails: b is downstream of a, so it must not be a's new source.
+    with pytest.raises(E.VersionLostError):
+        s.replan(w["a"], fa.fetch_id, [fa.sources[0][0].id], [0, 1, 2, 3])
