@@ -16,6 +16,14 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--token-file", required=True, help="shared RPC token; created (0600) if missing")
     s.add_argument("--journal", required=True, help="SQLite journal of committed versions")
     s.add_argument("--worker-timeout", type=float, default=15.0, help="expire workers silent this long (s)")
+    sd = sub.add_parser("seed", help="run a seed worker: takes hand-offs from leaving workers (and follows latest)")
+    sd.add_argument("--address", required=True, help="hub address, e.g. tcp://127.0.0.1:5555")
+    sd.add_argument("--token-file", required=True)
+    sd.add_argument("--dc", default="dc0")
+    sd.add_argument("--rack", default="rack0")
+    sd.add_argument("--host", default="", help="host label (default: this machine's hostname)")
+    sd.add_argument("--bind", default="127.0.0.1", help="address its data-plane server binds")
+    sd.add_argument("--follow", action="store_true", help="keep a copy of every model's latest version")
     d = sub.add_parser("demo", help="hub + publisher + N reader processes on loopback; print who read what")
     d.add_argument("--readers", type=int, default=4)
     d.add_argument("--size-mb", type=float, default=64.0)
@@ -26,9 +34,34 @@ def main(argv: list[str] | None = None) -> int:
         from .state import HubConfig
         serve_main(a.host, a.port, a.token_file, a.journal, HubConfig(worker_timeout_s=a.worker_timeout))
         return 0
+    if a.cmd == "seed":
+        setup_logging()
+        return run_seed(a)
     setup_logging("WARNING")
     from .demo import run_demo
     return run_demo(a.readers, a.size_mb)
+
+
+def run_seed(a) -> int:
+    import signal
+    import threading
+
+    from .client import ClientConfig, HubClient
+    from .dataplane import DataPlaneConfig
+    from .location import Location
+
+    client = HubClient(a.address, token_file=a.token_file,
+                       config=ClientConfig(dataplane=DataPlaneConfig(host=a.bind)))
+    wid = client.join(Location(dc=a.dc, rack=a.rack, host=a.host), "seed", role="seed", follow=a.follow)
+    print(f"seed worker {wid} joined {a.address}", flush=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        stop.wait()
+    except KeyboardInterrupt:
+        pass
+    client.leave(deadline_s=30.0)
+    return 0
 
 
 if __name__ == "__main__":
