@@ -57,6 +57,9 @@ class HubRunConfig:
     """Force a data-plane transport (tcp, tcp-py, shm); None: the best usable per pair of workers."""
     retain_last: int = 1
     """Newest committed versions the hub keeps retrievable."""
+    prefer_seed: bool = True
+    """The trainer's release of the last full replica of `latest` seeds a host copy at once instead of
+    waiting for a relay (a relay that reads from the releasing trainer could otherwise lose its source)."""
 
 
 @dataclass(kw_only=True)

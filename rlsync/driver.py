@@ -120,7 +120,8 @@ class Driver:
                 ray.init(num_cpus=c.ray.num_cpus, **kw)
         # A fresh journal per run: a resumed run re-publishes its checkpoint's version, which an old
         # journal (committed versions past it) would refuse as not increasing.
-        self.hub = start_embedded_hub(host=c.hub.host, config=HubConfig(retention=RetentionConfig(retain_last=c.hub.retain_last)))
+        self.hub = start_embedded_hub(host=c.hub.host, config=HubConfig(retention=RetentionConfig(retain_last=c.hub.retain_last,
+                                                                        prefer_seed=c.hub.prefer_seed)))
         addr, tok = self.hub.address, self.hub.token
         port = free_port()
         self.trainers = WorkerGroup("trainer", TrainerWorker, lambda i: (c, i, port, addr, tok),

@@ -217,7 +217,7 @@ class RolloutWorker:
         self.clock.event("fetch", version=got.version, bytes=got.nbytes, seconds=got.seconds,
                          sources=sorted(got.bytes_by_source), transports=sorted(set(got.transports.values())))
 
-    def _fetch_latest(self, name: str, attempts: int = 5):
+    def _fetch_latest(self, name: str, attempts: int = 8):
         """Fetch `latest` into the engine's parameters; retry when the version resolved is lost meanwhile.
 
         Race: `latest` resolves to v, then v + 1 commits and every holder of v lets it go (the
@@ -235,6 +235,8 @@ class RolloutWorker:
                 self.engine.version = -1  # the buffers may hold a mix now
                 self.clock.event("fetch_retry", error=type(e).__name__)
                 log.info("fetch of latest %s failed (%s); retrying (%d/%d)", name, e, attempt + 1, attempts)
+                with self.clock.state("waiting_weights"):
+                    time.sleep(min(2.0, 0.05 * 2 ** attempt))
         raise RuntimeError(f"could not fetch {name!r} latest in {attempts} attempts")
 
     def rollout(self, prompts: list, min_version: int) -> dict[str, Any]:
