@@ -6,17 +6,20 @@ Public API:
     Location, Shard                            — where a worker is; which model-parallel shard
     errors (HubError and subclasses)           — every refusal is typed
 """
-from . import errors
-from .client import ClientConfig, FetchResult, HubClient
-from .errors import HubError
-from .location import Location
-from .manifest import ManifestConfig
-from .planner import PlannerConfig
-from .retention import RetentionConfig
-from .server import EmbeddedHub, HubServer, start_embedded_hub
-from .shard import Shard
-from .state import HubConfig
+from importlib import import_module
 
-__all__ = ["ClientConfig", "EmbeddedHub", "FetchResult", "HubClient", "HubConfig", "HubError", "HubServer",
-           "Location", "ManifestConfig", "PlannerConfig", "RetentionConfig", "Shard", "errors",
-           "start_embedded_hub"]
+_EXPORTS = {
+    "ClientConfig": ".client", "FetchResult": ".client", "HubClient": ".client", "HubError": ".errors",
+    "Location": ".location", "ManifestConfig": ".manifest", "PlannerConfig": ".planner",
+    "RetentionConfig": ".retention", "EmbeddedHub": ".server", "HubServer": ".server",
+    "start_embedded_hub": ".server", "Shard": ".shard", "HubConfig": ".state", "errors": ".errors",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    # Lazy: `python -m rlsync.hub serve` must not pay for importing torch (hub restarts are failover time).
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'rlsync.hub' has no attribute {name!r}")
+    mod = import_module(_EXPORTS[name], __name__)
+    return mod if name == "errors" else getattr(mod, name)

@@ -16,32 +16,35 @@ The hub never sees tensor bytes: only this metadata crosses the control plane.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
 import xxhash
 
 from .errors import BufferMismatchError, ManifestMismatchError
 
-_DTYPES = {str(d).removeprefix("torch."): d for d in (
-    torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.uint8,
-    torch.int16, torch.int32, torch.int64, torch.bool, torch.float8_e4m3fn, torch.float8_e5m2)}
+if TYPE_CHECKING:  # torch is imported where tensors are touched, so the hub server starts without it
+    import torch
+
+# dtype name -> bytes per element: all a manifest needs to be checked without torch.
+ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int8": 1, "uint8": 1, "int16": 2,
+            "int32": 4, "int64": 8, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
 
 
-def dtype_name(dtype: torch.dtype) -> str:
+def dtype_name(dtype: "torch.dtype") -> str:
     name = str(dtype).removeprefix("torch.")
-    if name not in _DTYPES:
+    if name not in ITEMSIZE:
         raise BufferMismatchError(f"dtype {dtype} is not supported by the hub")
     return name
 
 
-def dtype_from_name(name: str) -> torch.dtype:
-    try:
-        return _DTYPES[name]
-    except KeyError:
-        raise ManifestMismatchError(f"unknown dtype {name!r} in manifest") from None
+def dtype_from_name(name: str) -> "torch.dtype":
+    import torch
+    if name not in ITEMSIZE:
+        raise ManifestMismatchError(f"unknown dtype {name!r} in manifest")
+    return getattr(torch, name)
 
 
-def byte_view(t: torch.Tensor) -> memoryview:
+def byte_view(t: "torch.Tensor") -> memoryview:
     """A zero-copy writable view of a contiguous CPU tensor's bytes."""
     if t.device.type != "cpu":
         raise BufferMismatchError(f"tensor on {t.device}: this transport serves host memory only")
@@ -49,6 +52,7 @@ def byte_view(t: torch.Tensor) -> memoryview:
         raise BufferMismatchError("tensor is not contiguous: call .contiguous() and publish/fetch that")
     if t.numel() == 0:
         return memoryview(bytearray(0))
+    import torch
     return memoryview(t.reshape(-1).view(torch.uint8).numpy()).cast("B")
 
 
@@ -113,13 +117,14 @@ class Manifest:
             raise ManifestMismatchError("duplicate tensor names in manifest")
         covered = [0] * len(self.tensors)
         for i, s in enumerate(self.tensors):
-            dtype = dtype_from_name(s.dtype)
+            if s.dtype not in ITEMSIZE:
+                raise ManifestMismatchError(f"unknown dtype {s.dtype!r} in manifest")
             n = 1
             for x in s.shape:
                 if x < 0:
                     raise ManifestMismatchError(f"negative dimension in {s.name}")
                 n *= x
-            if n * dtype.itemsize != s.nbytes:
+            if n * ITEMSIZE[s.dtype] != s.nbytes:
                 raise ManifestMismatchError(f"{s.name}: nbytes {s.nbytes} != shape x itemsize")
         for u in self.units:
             if sum(g[2] for g in u.segments) != u.nbytes:
@@ -135,7 +140,7 @@ class Manifest:
         """What every copy of the same shard must agree on, checksums aside."""
         return (self.tensors, tuple((u.segments, u.nbytes) for u in self.units))
 
-    def check_buffers(self, into: dict[str, torch.Tensor]) -> None:
+    def check_buffers(self, into: "dict[str, torch.Tensor]") -> None:
         """Raise BufferMismatchError unless `into` has exactly this manifest's names, shapes, dtypes."""
         want = {s.name: s for s in self.tensors}
         missing, extra = sorted(set(want) - set(into)), sorted(set(into) - set(want))
@@ -159,8 +164,9 @@ def unit_checksum(views: list[memoryview], unit: Unit) -> int:
     return h.intdigest()
 
 
-def build_manifest(tensors: dict[str, torch.Tensor], cfg: ManifestConfig) -> Manifest:
+def build_manifest(tensors: "dict[str, torch.Tensor]", cfg: ManifestConfig) -> Manifest:
     """Describe live tensors (no copy) and checksum every unit of them."""
+    import torch
     specs, views = [], []
     for name, t in tensors.items():
         if not isinstance(name, str) or not isinstance(t, torch.Tensor):
@@ -191,6 +197,7 @@ def build_manifest(tensors: dict[str, torch.Tensor], cfg: ManifestConfig) -> Man
     return Manifest(tuple(specs), tuple(units), sum(s.nbytes for s in specs))
 
 
-def allocate(manifest: Manifest) -> dict[str, torch.Tensor]:
+def allocate(manifest: Manifest) -> "dict[str, torch.Tensor]":
     """Fresh host buffers shaped like the manifest's tensors."""
+    import torch
     return {s.name: torch.empty(s.shape, dtype=dtype_from_name(s.dtype)) for s in manifest.tensors}

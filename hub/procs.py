@@ -48,6 +48,52 @@ def _worker_main(conn, address: str, token: str, client_cfg) -> None:
     bg: dict[str, threading.Thread] = {}
     results: dict[str, object] = {}
 
+    loop: dict = {"results": []}
+    loop_lock = threading.Lock()
+
+    def record(entry: dict) -> None:
+        with loop_lock:
+            loop["results"].append(entry)
+
+    def fetch_loop(kw: dict) -> None:
+        """Fetch `latest` again and again into the same buffers (each fetch releases the last)."""
+        from .errors import HubError
+        into = None
+        while not loop["stop"].is_set():
+            t0 = time.time()
+            try:
+                r = client.fetch(kw["model"], "latest", into=into)
+                into = r.tensors
+                record({"ok": True, "version": r.version, "digest": digest(r.tensors), "seconds": time.time() - t0})
+            except HubError as e:
+                record({"ok": False, "error": type(e).__name__, "message": str(e)[:200], "typed": True,
+                        "seconds": time.time() - t0})
+            except Exception as e:  # noqa: BLE001 - counted as an untyped failure
+                record({"ok": False, "error": type(e).__name__, "message": str(e)[:200], "typed": False,
+                        "seconds": time.time() - t0})
+            loop["stop"].wait(kw.get("pause_s", 0.05))
+
+    def publish_loop(kw: dict) -> None:
+        """A trainer: every period, release the last version, overwrite the buffers in place, publish."""
+        from .errors import HubError
+        v = kw.get("start", 1)
+        live = None
+        while not loop["stop"].is_set():
+            fresh = make_model(kw["size_mb"], seed=v)
+            try:
+                if live is None:
+                    live = fresh
+                else:
+                    client.release(kw["model"], v - 1)
+                    for name, t in live.items():   # the optimizer step: in place, after release
+                        t.copy_(fresh[name])
+                client.publish(kw["model"], v, live)
+                record({"ok": True, "version": v, "time": time.time()})
+                v += 1
+            except HubError as e:
+                record({"ok": False, "error": type(e).__name__, "message": str(e)[:200], "version": v})
+            loop["stop"].wait(kw.get("period_s", 1.0))
+
     def run(cmd: str, kw: dict):
         if cmd == "join":
             return client.join(Location(**kw.get("location", {})), kw.get("name", "worker"),
@@ -74,6 +120,25 @@ def _worker_main(conn, address: str, token: str, client_cfg) -> None:
             for t in bufs[kw.get("buf", "main")].values():
                 t.fill_(kw.get("value", 7.0))
             return digest(bufs[kw.get("buf", "main")])
+        if cmd == "fetch_loop":
+            loop["stop"] = threading.Event()
+            loop["thread"] = threading.Thread(target=fetch_loop, args=(kw,), daemon=True)
+            loop["thread"].start()
+            return True
+        if cmd == "publish_loop":
+            loop["stop"] = threading.Event()
+            loop["thread"] = threading.Thread(target=publish_loop, args=(kw,), daemon=True)
+            loop["thread"].start()
+            return True
+        if cmd == "loop_results":
+            with loop_lock:
+                out, loop["results"][:] = list(loop["results"]), []
+            return out
+        if cmd == "stop_loop":
+            if "stop" in loop:
+                loop["stop"].set()
+                loop["thread"].join(kw.get("timeout", 60))
+            return True
         if cmd == "served":
             return {rep.id: {"units": rep.units_served, "bytes": rep.bytes_served} for rep in client.store.all()}
         if cmd == "held":
