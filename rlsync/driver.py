@@ -312,6 +312,7 @@ class Driver:
         sm = agg.close_step(end_ns, hub=self._hub_stats())
         self.totals["staleness/dropped_total"] += stats.get("staleness/dropped", 0.0)
         self.totals["steps"] = step
+        payload = self.audit.bytes - self.totals["ray/payload_bytes"]
         self.totals["ray/payload_bytes"] = self.audit.bytes
         self.totals["ray/weight_like_tensors"] = self.audit.weight_like
         self.totals["sync/bytes"] += sm.sync.bytes
@@ -328,7 +329,7 @@ class Driver:
             "staleness/dropped_total": self.totals["staleness/dropped_total"],
             "timing_s/step": (end_ns - start_ns) / 1e9,
             "data/cursor": self.task.cursor,
-            "ray/payload_bytes": self.audit.bytes - self.totals["ray/payload_bytes"],
+            "ray/payload_bytes": payload,
             "ray/weight_like_tensors": self.audit.weight_like,
         }
         if "kl" in tm:
