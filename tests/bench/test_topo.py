@@ -1,0 +1,120 @@
+"""The topology emulator: builds, shapes within tolerance, tears down, leaks nothing; and a small
+fan-out across namespaces moves exact bytes (no timing assertion). Needs root; skipped otherwise."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from rlsync.bench.topo import Topology, TopologySpec, check_support, list_namespaces, measure_rate, parse_rate
+
+WHY = check_support()
+needs_root = pytest.mark.skipif(WHY is not None, reason=f"topology emulation: {WHY}")
+
+SPEC = """
+nic_rate: 80mbit
+dc_link_rate: 20mbit
+dcs:
+  dc0: {r0: [a, b], r1: [c]}
+  dc1: {r0: [d]}
+"""
+
+
+def _root_links() -> str:
+    return subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+
+
+def test_spec_parsing_and_validation():
+    spec = TopologySpec.from_yaml(SPEC)
+    assert [h.name for h in spec.hosts] == ["a", "b", "c", "d"]
+    assert spec.dcs == ["dc0", "dc1"] and spec.racks("dc0") == ["r0", "r1"]
+    assert spec.hosts[0].nic_rate_bps == 80_000_000 and spec.dc_link_rate_bps == 20_000_000
+    assert parse_rate("1gbit") == 10**9 and parse_rate("250mbit") == 250 * 10**6
+    with pytest.raises(ValueError):
+        TopologySpec.from_yaml("dcs: {dc0: {r0: [a, a]}}")
+    with pytest.raises(ValueError):
+        TopologySpec.from_yaml("dcs: {dc0: {r0: [Bad_Name]}}")
+    with pytest.raises(ValueError):
+        TopologySpec.from_yaml("subnet: 8.8.0.0/16\ndcs: {dc0: {r0: [a]}}")
+
+
+@needs_root
+def test_build_shape_teardown_and_no_leak():
+    before_links = _root_links()
+    spec = TopologySpec.from_yaml(SPEC)
+    with Topology(spec) as topo:
+        names = set(list_namespaces(topo.tag))
+        assert names == {topo.fabric} | {topo.ns(h) for h in "abcd"}
+        # Nothing was added to this namespace, and no route here reaches the emulated subnet.
+        assert _root_links() == before_links
+        root_addrs = subprocess.run(["ip", "-o", "addr"], capture_output=True, text=True).stdout
+        assert "10.77." not in root_addrs
+        # Host NIC shaping, same DC (a -> c crosses racks: NIC-limited): 80 Mbit/s, TCP goodput ~95%.
+        bps = measure_rate(topo, "a", "c", 4_000_000)
+        assert 0.75 * 80e6 < bps < 1.05 * 80e6, bps
+        # The DC link (20 Mbit/s) limits a -> d; and the reverse direction is shaped too.
+        assert 0.75 * 20e6 < measure_rate(topo, "a", "d", 1_500_000) < 1.05 * 20e6
+        assert 0.75 * 20e6 < measure_rate(topo, "d", "b", 1_500_000) < 1.05 * 20e6
+        # A host cannot reach the outside world: its only route is the emulated subnet.
+        r = topo.run("a", ["ip", "route"])
+        assert r.stdout.strip().splitlines() == [line for line in r.stdout.strip().splitlines()
+                                                 if line.startswith("10.77.0.0/16")]
+    assert list_namespaces(topo.tag) == []
+    assert _root_links() == before_links
+
+
+@needs_root
+def test_teardown_on_sigterm_and_stale_reap(tmp_path):
+    """A builder killed by SIGTERM tears down; one killed by SIGKILL is reaped by the next build."""
+    script = tmp_path / "build.py"
+    script.write_text(
+        "import sys, time\n"
+        "from rlsync.bench.topo import Topology, TopologySpec\n"
+        "t = Topology(TopologySpec.from_yaml('dcs: {dc0: {r0: [x, y]}}')).build()\n"
+        "p = t.popen('x', ['sleep', '60'])\n"
+        "print(t.tag, flush=True)\n"
+        "time.sleep(60)\n")
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+        tag = p.stdout.readline().strip()
+        assert tag and len(list_namespaces(tag)) == 3
+        os.kill(p.pid, sig)
+        p.wait(20)
+        if sig == signal.SIGKILL:
+            assert len(list_namespaces(tag)) == 3  # leaked, until the next build reaps it
+            with Topology(TopologySpec.from_yaml("dcs: {dc0: {r0: [z]}}")):
+                pass
+        deadline = time.monotonic() + 10
+        while list_namespaces(tag) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert list_namespaces(tag) == [], sig
+
+
+@needs_root
+def test_small_fanout_moves_exact_bytes_across_namespaces():
+    """rlsync (relays), trainer-only p2p and gloo broadcast, 2 readers, 2 MiB: bytes exact, clean up."""
+    from rlsync.bench.cluster import BenchCluster, BenchConfig
+    from rlsync.bench.scenarios_fanout import fanout_spec
+
+    cfg = BenchConfig(model_mib=2, nic_rate="200mbit", chunk_mib=0.5)
+    with BenchCluster(fanout_spec(2, cfg.nic_rate), cfg) as c:
+        tag = c.topo.tag
+        c.start_hub("rlsync", cfg.rlsync_planner())
+        c.start_hub("p2p", {"fanout_cap": 1 << 20, "max_sources": 1}, only_hosts=["trainer"])
+        c.join_all("rlsync", ["trainer"] + c.readers)
+        c.join_all("p2p", ["trainer"] + c.readers)
+        c.gloo_init({"n2": c.readers})
+        rl = c.hub_round("rlsync", "rlsync", c.readers)
+        p2p = c.hub_round("p2p", "p2p", c.readers)
+        gl, _ = c.gloo_round("n2")
+        assert rl.exact and p2p.exact and gl.exact
+        # trainer-only: every byte of every p2p fetch came from the trainer's worker.
+        trainer_wids = {w for src in p2p.sources.values() for w in src}
+        assert len(trainer_wids) == 1
+        assert all(sum(src.values()) == c.nbytes for src in p2p.sources.values())
+        assert c.transport in ("tcp", "tcp-py")
+    assert list_namespaces(tag) == []
