@@ -94,6 +94,12 @@ class DataServer:
         except (OSError, ConnectionError):
             conn.close()
             return
+        try:
+            self._serve_units(conn, rep, transport, units)
+        finally:
+            transport.close()
+
+    def _serve_units(self, conn: socket.socket, rep: LocalReplica, transport: Transport, units: list[int]) -> None:
         sent_units = sent_bytes = 0
         rep.begin_read()
         try:
@@ -143,7 +149,13 @@ class DataServer:
             raise E.ProtocolError(f"unit ids must be distinct ints in [0, {n})")
         if len(set(units)) != len(units):
             raise E.ProtocolError("duplicate unit ids in request")
-        return rep, cls(), units
+        transport = cls()
+        try:
+            transport.accept_request(msg.get("x"), rep)
+        except BaseException:
+            transport.close()
+            raise
+        return rep, transport, units
 
 
 def read_from_source(transport: Transport, endpoint: dict, ticket: bytes, replica_id: str,
@@ -190,7 +202,11 @@ def _read_stream(transport: Transport, endpoint: dict, ticket: bytes, replica_id
         raise E.TransferError(f"cannot reach data plane at {endpoint['tcp']}: {e}") from None
     try:
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        body = msgpack.packb({"ticket": ticket, "replica": replica_id, "units": units})
+        req = {"ticket": ticket, "replica": replica_id, "units": units}
+        extra = transport.open_request(dest, endpoint)
+        if extra is not None:
+            req["x"] = extra
+        body = msgpack.packb(req)
         conn.sendall(REQ.pack(MAGIC, 1, transport.kind, 0, len(body)) + body)
         head = bytearray(UNIT.size)
         for u in units:
@@ -224,5 +240,6 @@ def _read_stream(transport: Transport, endpoint: dict, ticket: bytes, replica_id
     except (ConnectionError, OSError) as e:
         raise E.TransferError(f"source {endpoint['tcp']} failed mid-transfer: {e}") from None
     finally:
+        transport.close()
         conn.close()
     return nbytes

@@ -77,6 +77,18 @@ class Transport(ABC):
         May return the unit's xxh3-64 if it hashed the bytes on the way in (None: the caller hashes).
         """
 
+    def open_request(self, dest: LocalReplica, peer: dict) -> dict | None:
+        """Reader side, before the request goes out: set up per-connection state (e.g. an RDMA queue
+        pair) and return what the server must know of it; it travels in the request body as "x"."""
+        return None
+
+    def accept_request(self, extra, rep: LocalReplica) -> None:
+        """Server side, after the ticket check: take the reader's `open_request` answer (None if it
+        sent none). Raise a HubError (ProtocolError, TransferError) to refuse the request."""
+
+    def close(self) -> None:
+        """Either side, once per connection, however it ended: release per-connection resources."""
+
     def finish(self, conn: socket.socket) -> None:
         """Reader side, after the last unit (e.g. tell the server its memory is no longer read)."""
 
