@@ -140,6 +140,8 @@ class Driver:
         for g in [*getattr(self, "pools", {}).values(), getattr(self, "trainers", None)]:
             if g is not None:
                 g.shutdown()
+        if getattr(self, "_stats_client", None) is not None:
+            self._stats_client._rpc.close()  # no public close for a client that never joined (hub asks)
         if getattr(self, "hub", None) is not None:
             self.hub.stop()
 
@@ -155,9 +157,10 @@ class Driver:
         from rlsync.hub import HubClient
 
         try:
-            with_client = HubClient(self.hub.address, token=self.hub.token)
-            s = with_client.stats()
-            with_client._rpc.close()
+            if getattr(self, "_stats_client", None) is None:
+                # A control-plane client that never joins: the driver holds no replica, serves no bytes.
+                self._stats_client = HubClient(self.hub.address, token=self.hub.token)
+            s = self._stats_client.stats()
         except Exception as e:  # noqa: BLE001 - metrics must not end the run
             log.warning("hub stats: %s", e)
             return None
