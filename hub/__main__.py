@@ -1,4 +1,4 @@
-"""`python -m rlsync.hub serve ...` runs a hub; `python -m rlsync.hub demo` shows one at work."""
+"""`python -m rlsync.hub serve ...` runs a hub; `demo` shows one at work; `doctor` lists transports."""
 from __future__ import annotations
 
 import argparse
@@ -27,7 +27,13 @@ def main(argv: list[str] | None = None) -> int:
     d = sub.add_parser("demo", help="hub + publisher + N reader processes on loopback; print who read what")
     d.add_argument("--readers", type=int, default=4)
     d.add_argument("--size-mb", type=float, default=64.0)
+    sub.add_parser("doctor", help="list data-plane transports: available here or not, and why")
     a = p.parse_args(argv)
+    if a.cmd == "doctor":
+        from .transports import transport_report
+        for name, ok, why in transport_report():
+            print(f"{name:9s} {'available' if ok else 'unavailable'}{'' if ok else ': ' + why}")
+        return 0
     if a.cmd == "serve":
         setup_logging()
         from .server import serve_main

@@ -1,14 +1,30 @@
-"""Data-plane transports, by name: `tcp` (native engine), `tcp-py` (portable), `shm` (same host). See base.py."""
+"""Data-plane transports, by name: `tcp` (native engine), `tcp-py` (portable), `shm` (same host),
+`rdma` (pyverbs one-sided READ). See base.py and docs/transports.md."""
 from .base import Transport, get_transport, register_transport, transport_by_kind, transport_names
 from . import shm, tcp_native, tcp_py  # noqa: F401  (registration)
+from . import rdma  # noqa: F401  (registration; reports itself unavailable without a device)
 
 __all__ = ["Transport", "get_transport", "register_transport", "transport_by_kind", "transport_names",
-           "choose_transport", "available_transports"]
+           "choose_transport", "available_transports", "transport_report"]
 
 
 def available_transports() -> list[str]:
     from .base import _REGISTRY
     return [n for n, c in sorted(_REGISTRY.items()) if c.is_available()]
+
+
+def transport_report() -> list[tuple[str, bool, str]]:
+    """(name, available, why not) for every registered transport, e.g. for `python -m rlsync.hub doctor`."""
+    from .base import _REGISTRY
+    from ..errors import TransportUnavailableError
+    out = []
+    for name, cls in sorted(_REGISTRY.items()):
+        try:
+            cls.check_available()
+            out.append((name, True, ""))
+        except TransportUnavailableError as e:
+            out.append((name, False, str(e)))
+    return out
 
 
 def choose_transport(mine: dict, peer: dict, forced: str | None = None) -> Transport:
