@@ -1,8 +1,8 @@
 """Data-plane transports, by name: `tcp` (native engine), `tcp-py` (portable), `shm` (same host),
-`rdma` (pyverbs one-sided READ). See base.py and docs/transports.md."""
+`rdma` (pyverbs one-sided READ), `cuda_ipc` (same-host GPUs). See base.py and docs/transports.md."""
 from .base import Transport, get_transport, register_transport, transport_by_kind, transport_names
 from . import shm, tcp_native, tcp_py  # noqa: F401  (registration)
-from . import rdma  # noqa: F401  (registration; reports itself unavailable without a device)
+from . import cuda, rdma  # noqa: F401  (registration; each reports itself unavailable without its hardware)
 
 __all__ = ["Transport", "get_transport", "register_transport", "transport_by_kind", "transport_names",
            "choose_transport", "available_transports", "transport_report"]
