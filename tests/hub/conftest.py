@@ -3,6 +3,11 @@ import pytest
 from rlsync.hub import HubClient, Location, start_embedded_hub
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "rdma: needs an RDMA device (skipped without one, with the reason)")
+    config.addinivalue_line("markers", "cuda: needs a CUDA GPU (skipped without one, with the reason)")
+
+
 @pytest.fixture
 def hub(tmp_path):
     h = start_embedded_hub(journal=str(tmp_path / "journal.db"))
