@@ -315,7 +315,7 @@ class Driver:
         sm = agg.close_step(end_ns, hub=self._hub_stats())
         self.totals["staleness/dropped_total"] += stats.get("staleness/dropped", 0.0)
         self.totals["steps"] = step
-        payload = self.audit.bytes - self.totals["ray/payload_bytes"]
+        payload = int(self.audit.bytes - self.totals["ray/payload_bytes"])
         self.totals["ray/payload_bytes"] = self.audit.bytes
         self.totals["ray/weight_like_tensors"] = self.audit.weight_like
         self.totals["sync/bytes"] += sm.sync.bytes

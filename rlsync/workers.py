@@ -33,7 +33,10 @@ from rlsync.stall import StallClock
 
 log = logging.getLogger(__name__)
 
-WORKER_ENV = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+WORKER_ENV = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1",
+              # DeepSpeed's compiled op is cached here (scripts/run's default too): never rebuild it per run.
+              "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR",
+                                                     os.path.expanduser("~/.cache/torch_extensions"))}
 
 
 # ---------------------------------------------------------------------------------- shared set-up
