@@ -215,7 +215,7 @@ def _exit() -> bool:
 # ---------------------------------------------------------------- agent process main
 def agent_main() -> int:
     from rlsync.logs import setup_logging
-    from . import baselines  # noqa: F401  (registers the baselines' commands)
+    from . import baselines, raybase  # noqa: F401  (register the baselines' commands)
 
     setup_logging(os.environ.get("RLSYNC_AGENT_LOG", "WARNING"))
     out_lock = threading.Lock()

@@ -1,33 +1,143 @@
 """Ray's object store across the emulated hosts (storage's shape): the trainer `put`s, readers `get`.
 
-Not wired yet, and the scenario output says so. What it takes, for whoever finishes it: Ray's
-object store is per node, so running it *across* the shaped links needs one Ray node per network
-namespace — `ray start --head --node-ip-address <hub ip>` in the hub's namespace and
-`ray start --address <hub ip>:6379 --node-ip-address <own ip> --resources '{"host_<name>": 1}'` in
-every other one (a raylet, an object store and agents per host: ~0.3 GB and several seconds each on
-this 2-core machine), then a trainer actor pinned to `host_trainer` that `ray.put`s the flat
-buckets and reader actors pinned to their hosts that `ray.get` and copy into their buffers.
-A single-node Ray (the easy set-up) would move every byte through one namespace's shared memory
-and never touch the shaped links, so it would not be a like-for-like figure: we report no number
-rather than that one.
+Ray's object store is per node, so to run across the shaped links every namespace gets its own
+Ray node: `ray start --head` in the `hub` namespace, `ray start --address` in every other one, each
+with `--node-ip-address` = its namespace address, a `host_<name>` custom resource, and a private
+`--temp-dir` (so nobody else's `ray.init()` on this machine can discover this cluster) and its own
+auth token (RAY_AUTH_TOKEN; the user's ~/.ray is not touched); each node has its own temp dir
+(they share this machine's file system, hence its unix-socket paths). The
+driver runs in the hub's agent. A trainer actor pinned to `host_trainer` holds the model's flat
+buckets; each round it `ray.put`s them (storage's push, the copy the paper calls the storage tax)
+and reader actors pinned to their hosts `ray.get` them (Ray's object manager pulls the chunks over
+the links, from whichever node already has a copy) and copy them into their own buffers. Timed:
+from the shared start (put included) to the last reader's copy done. One untimed warm-up round.
+Teardown: the topology kills every process in its namespaces (never `ray stop`, which would stop
+other users' Ray on this machine).
 """
 from __future__ import annotations
 
-NOT_WIRED = ("not run: Ray's object store is per node, so across the shaped links it needs a Ray "
-             "node (raylet + object store) in every namespace; that set-up is not wired yet, and "
-             "single-node Ray would bypass the links (see rlsync/bench/raybase.py)")
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from .nsagent import STATE, command
+
+log = logging.getLogger(__name__)
 
 
+# ---------------------------------------------------------------- inside the hub's agent (the driver)
+@command("ray_driver")
+def _ray_driver(address: str, hosts: list[str], mib: float, seed: int, bucket_mib: float, token: str) -> dict:
+    os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token)
+    import ray
+
+    ray.init(address=address, logging_level="WARNING", log_to_driver=False)
+
+    @ray.remote(num_cpus=0)
+    class Holder:
+        def __init__(self, mib, seed, zero, bucket_mib):
+            from rlsync.bench.nsagent import build_model
+            self.m = build_model(mib, seed, zero=zero, bucket_mib=bucket_mib)
+
+        def mutate(self, step):
+            from rlsync.bench.nsagent import digest
+            for flat in self.m["buckets"]:
+                flat.add_(float(step))
+            return digest(self.m)
+
+        def put(self, at):
+            time.sleep(max(0.0, at - time.monotonic()))
+            t0 = time.monotonic()
+            ref = ray.put([b.numpy() for b in self.m["buckets"]])
+            return [ref], t0, time.monotonic()
+
+        def get(self, refs, at):
+            import torch
+
+            from rlsync.bench.nsagent import digest
+            time.sleep(max(0.0, at - time.monotonic()))
+            t0 = time.monotonic()
+            arrays = ray.get(refs[0])
+            for dst, src in zip(self.m["buckets"], arrays):
+                dst.copy_(torch.from_numpy(src))
+            t1 = time.monotonic()
+            return {"t0": t0, "t1": t1, "digest": digest(self.m)}
+
+    actors = {h: Holder.options(resources={f"host_{h}": 0.001}).remote(mib, seed, h != "trainer", bucket_mib)
+              for h in hosts}
+    ray.get([a.mutate.remote(0) for a in actors.values()])
+    STATE.extra["ray"] = actors
+    return {"nodes": len(ray.nodes())}
+
+
+@command("ray_round")
+def _ray_round(readers: list[str], step: int, go: float) -> dict:
+    import ray
+
+    actors = STATE.extra["ray"]
+    digest = ray.get(actors["trainer"].mutate.remote(step))
+    refs, p0, p1 = ray.get(actors["trainer"].put.remote(go))
+    res = ray.get([actors[h].get.remote(refs, p1) for h in readers])
+    del refs
+    return {"trainer_digest": digest, "put": [p0, p1], "readers": dict(zip(readers, res))}
+
+
+# ---------------------------------------------------------------- the benchmark's side
 class RayObjectStore:
     def __init__(self, cluster) -> None:
         self.c = cluster
+        self.tmp = tempfile.mkdtemp(prefix="rlsync-ray-")
+        self.step = 1000
+        import secrets
+        self.token = secrets.token_hex(32)  # this cluster's own token; ~/.ray is left alone
+
+    def _ray_start(self, host: str, *args: str) -> subprocess.Popen:
+        ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
+        # Every node shares this machine's file system: each needs a temp dir (unix sockets) of its own.
+        tmp = os.path.join(self.tmp, host)
+        argv = [ray_bin, "start", "--node-ip-address", self.c.topo.ip(host), "--num-cpus", "1",
+                "--resources", f'{{"host_{host}": 1}}', "--object-store-memory", str(256 << 20),
+                "--disable-usage-stats", "--temp-dir", tmp, *args]
+        env = dict(os.environ, RAY_TMPDIR=self.tmp, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=self.token)
+        return self.c.topo.popen(host, argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
     def start(self) -> str | None:
         """None when running; otherwise why this baseline does not run here."""
-        return NOT_WIRED
+        hub_ip = self.c.topo.ip("hub")
+        t0 = time.monotonic()
+        p = self._ray_start("hub", "--head", "--port", "6379", "--include-dashboard=false")
+        out, _ = p.communicate(timeout=180)
+        if p.returncode != 0:
+            return f"ray start --head failed in the hub's namespace: {out.strip().splitlines()[-3:]}"
+        hosts = ["trainer"] + self.c.readers
+        procs = {h: self._ray_start(h, "--address", f"{hub_ip}:6379") for h in hosts}
+        for h, p in procs.items():
+            out, _ = p.communicate(timeout=300)
+            if p.returncode != 0:
+                return f"ray start --address failed in {h}'s namespace: {out.strip().splitlines()[-3:]}"
+        try:
+            info = self.c.agents["hub"].call("ray_driver", timeout=600, address=f"{hub_ip}:6379", hosts=hosts,
+                                             mib=self.c.cfg.model_mib, seed=self.c.cfg.seed,
+                                             bucket_mib=self.c.cfg.bucket_mib, token=self.token)
+        except Exception as e:  # noqa: BLE001 - reported as the reason this baseline did not run
+            return f"Ray driver/actors failed across namespaces: {str(e).splitlines()[0]}"
+        log.info("ray: %d nodes up in %.1fs", info["nodes"], time.monotonic() - t0)
+        return None
 
-    def round(self, readers):
-        raise NotImplementedError(NOT_WIRED)
+    def round(self, readers: list[str]):
+        from .cluster import GO_DELAY_S
+        self.step += 1
+        go = time.monotonic() + GO_DELAY_S
+        r = self.c.agents["hub"].call("ray_round", readers=readers, step=self.step, go=go)
+        res = {h: {"t1": x["t1"], "digest": x["digest"]} for h, x in r["readers"].items()}
+        saved, self.c.trainer_digest = self.c.trainer_digest, r["trainer_digest"]
+        try:
+            return self.c.round_from("ray object store", go, res)
+        finally:
+            self.c.trainer_digest = saved
 
     def close(self) -> None:
-        pass
+        pass  # the topology's teardown kills every Ray process in its namespaces
