@@ -59,6 +59,9 @@ try:  # Debian's python3-pyverbs (rdma-core); scripts/run links it into the venv
 except ImportError as e:
     _IMPORT_ERROR = f"{type(e).__name__}: {e}"
 
+    class PyverbsError(Exception):
+        """Stand-in so the except clauses below hold without pyverbs."""
+
 
 @dataclass(kw_only=True, slots=True)
 class RdmaConfig:
@@ -306,10 +309,13 @@ class RdmaTransport(Transport):
 
     # reader ------------------------------------------------------------------
     def open_request(self, dest: LocalReplica, peer: dict) -> dict:
-        self._nic = open_nic(nearest_nic(dest))
-        self._lkeys = self._nic.register(dest)
-        self._qp = self._nic.create_qp(CONFIG.window)
-        return {"qp": self._qp.local_info().to_wire()}
+        try:
+            self._nic = open_nic(nearest_nic(dest))
+            self._lkeys = self._nic.register(dest)
+            self._qp = self._nic.create_qp(CONFIG.window)
+            return {"qp": self._qp.local_info().to_wire()}
+        except PyverbsError as e:
+            raise TransferError(f"rdma: cannot set up a queue pair towards {peer.get('tcp')}: {e}") from None
 
     def recv_unit(self, conn: socket.socket, dest: LocalReplica, u: int, nbytes: int, peer: dict) -> None:
         if nbytes > 1 << 20:
@@ -322,16 +328,19 @@ class RdmaTransport(Transport):
         except Exception:
             raise ProtocolError(f"unit {u}: undecodable rdma descriptor") from None
         segs, qp_info = L.decode_descriptor(msg, unit.segments)
-        if not self._connected:
-            if qp_info is None:
-                raise ProtocolError("rdma: the source sent no queue-pair address before its first unit")
-            self._qp.connect(qp_info)
-            self._connected = True
         local = [(self._lkeys[ti][0] + off, self._lkeys[ti][1], ln) for ti, off, ln in unit.segments]
         remote = [(s.addr, s.rkey, s.length) for s in segs]
         window = L.ReadWindow(L.plan_reads(local, remote, CONFIG.max_read), self._qp.depth, peer.get("tcp", ""))
         timeout = conn.gettimeout()
-        run_window(self._qp, window, 30.0 if timeout is None else timeout, peer.get("tcp", "?"))
+        try:
+            if not self._connected:
+                if qp_info is None:
+                    raise ProtocolError("rdma: the source sent no queue-pair address before its first unit")
+                self._qp.connect(qp_info)
+                self._connected = True
+            run_window(self._qp, window, 30.0 if timeout is None else timeout, peer.get("tcp", "?"))
+        except PyverbsError as e:  # a failed modify_qp / post_send: the connection is unusable
+            raise TransferError(f"rdma: READ from {peer.get('tcp')} failed: {e}") from None
         return None  # the caller verifies the unit's checksum on the landed bytes
 
     def finish(self, conn: socket.socket) -> None:
@@ -342,10 +351,10 @@ class RdmaTransport(Transport):
         if not isinstance(extra, dict) or "qp" not in extra:
             raise ProtocolError("rdma request without the reader's queue-pair address")
         peer = L.QpInfo.from_wire(extra["qp"])
-        self._nic = open_nic(nearest_nic(rep))
-        self._lkeys = self._nic.register(rep)
-        self._qp = self._nic.create_qp(CONFIG.window)
         try:
+            self._nic = open_nic(nearest_nic(rep))
+            self._lkeys = self._nic.register(rep)
+            self._qp = self._nic.create_qp(CONFIG.window)
             self._qp.connect(peer)
         except PyverbsError as e:
             raise TransferError(f"rdma: cannot connect to reader QP {peer.qpn} on {peer.nic}: {e}") from None
@@ -366,7 +375,10 @@ class RdmaTransport(Transport):
     def close(self) -> None:
         qp, self._qp, self._connected, self._hello_sent = self._qp, None, False, False
         if qp is not None:
-            qp.close()
+            try:
+                qp.close()
+            except PyverbsError as e:
+                log.warning("rdma: queue pair teardown failed: %s", e)
 
 
 def endpoint_info() -> dict:
