@@ -150,6 +150,7 @@ class HubClient:
         deadline. Without notice (0) it just goes; a version only it held is then lost.
         """
         if self.worker_id is None:
+            self._rpc.close()
             return
         if deadline_s:
             self._handoff_all(deadline_s)

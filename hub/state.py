@@ -82,6 +82,8 @@ class FetchRec:
     sources: dict[str, list[int]]
     relay: str
     started: float
+    excluded: set[str] = field(default_factory=set)
+    """Sources that failed this fetch: never planned for it again."""
 
 
 @dataclass(slots=True)
@@ -328,8 +330,8 @@ class HubState:
         cands = self._candidates(wid, model, ver, shard.key, exclude_fetch=stale)
         if not cands:
             if self.is_retained(model, ver):
-                raise E.VersionLostError(f"{model!r} v{ver} {shard.key}: no live replica is left "
-                                         "(its holders died without notice)")
+                raise E.VersionLostError(f"{model!r} v{ver} {shard.key}: no replica can serve it "
+                                         "(every holder died without notice or is releasing)")
             raise E.VersionNotRetainedError(f"{model!r} v{ver} is no longer retained and no worker holds it "
                                             f"(latest: {m.latest})")
         srcs = [Source(r.id, r.worker, self.workers[r.worker].location, r.full, self.worker_load(r.worker))
@@ -357,14 +359,16 @@ class HubState:
                     [(self.replicas[rid], self.workers[self.replicas[rid].worker], units)
                      for rid, units in assignment.items()])
 
-    def _candidates(self, wid: str, model: str, ver: int, shard: str,
-                    exclude_fetch: str | None = None) -> list[ReplicaRec]:
-        """Replicas a reader may read from: not releasing, not suspect, not itself, not downstream of it."""
+    def _candidates(self, wid: str, model: str, ver: int, shard: str, exclude_fetch: str | None = None,
+                    excluded: set[str] = frozenset()) -> list[ReplicaRec]:
+        """Replicas a reader may read from: not releasing, not itself, not downstream of it, not failed
+        for this fetch. Suspects (failed someone recently) are used only when nothing else is left."""
         now = self.clock()
         down = self._downstream(wid, model, ver, shard, exclude_fetch)
-        return [r for r in self.replicas_of(model, ver, shard)
-                if not r.releasing and r.worker != wid and r.worker in self.workers
-                and self.suspects.get(r.id, 0) <= now and r.worker not in down]
+        ok = [r for r in self.replicas_of(model, ver, shard)
+              if not r.releasing and r.worker != wid and r.worker in self.workers
+              and r.worker not in down and r.id not in excluded]
+        return [r for r in ok if self.suspects.get(r.id, 0) <= now] or ok
 
     def _downstream(self, wid: str, model: str, ver: int, shard: str, exclude_fetch: str | None) -> set[str]:
         """Workers whose open fetches read (transitively) from `wid`'s relay: never its sources."""
@@ -394,10 +398,11 @@ class HubState:
                 self.suspects[rid] = until
                 log.warning("fetch %s: source %s reported failed; suspect for %.0fs", fid, rid, self.cfg.suspect_s)
             f.sources.pop(rid, None)
-        cands = self._candidates(wid, f.model, f.version, f.shard, exclude_fetch=fid)
+            f.excluded.add(rid)
+        cands = self._candidates(wid, f.model, f.version, f.shard, exclude_fetch=fid, excluded=f.excluded)
         if not cands:
-            raise E.VersionLostError(f"{f.model!r} v{f.version} {f.shard}: no other replica can serve "
-                                     f"the {len(units)} missing units")
+            raise E.VersionLostError(f"{f.model!r} v{f.version} {f.shard}: no replica other than the ones that "
+                                     f"failed this fetch can serve its {len(units)} missing units")
         srcs = [Source(r.id, r.worker, self.workers[r.worker].location, r.full, self.worker_load(r.worker))
                 for r in cands]
         sub = self.planner.choose_sources(reader.location, srcs, [manifest.units[u].nbytes for u in units])
