@@ -33,6 +33,7 @@ from .shard import Shard
 from .store import LocalReplica, ReplicaStore
 from .tickets import TicketVerifier
 from .transports import available_transports, choose_transport
+from .transports import cuda, rdma
 from .transports.shm import boot_id
 
 log = logging.getLogger(__name__)
@@ -80,12 +81,7 @@ def _check_tensors(tensors: dict, what: str) -> None:
     if not isinstance(tensors, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
                                                 for k, v in tensors.items()):
         raise E.BufferMismatchError(f"{what} must be a dict of str -> torch.Tensor")
-    for k, v in tensors.items():
-        if v.device.type != "cpu":
-            raise E.BufferMismatchError(f"{what}[{k!r}] is on {v.device}: host tensors only on this transport")
-        if not v.is_contiguous():
-            raise E.BufferMismatchError(f"{what}[{k!r}] is not contiguous: pass .contiguous() tensors")
-        dtype_name(v.dtype)
+    cuda.check_tensors(tensors, what)  # host tensors; CUDA tensors where CUDA is usable
 
 
 def _span(t: torch.Tensor) -> tuple[int, int]:
@@ -124,7 +120,8 @@ class HubClient:
         self.location = location or Location()
         self._data = DataServer(self.store, self.cfg.dataplane)
         self._endpoint = {"tcp": self._data.address, "pid": os.getpid(), "boot_id": boot_id(),
-                          "host": self.location.host, "transports": available_transports()}
+                          "host": self.location.host, "transports": available_transports(),
+                          **rdma.endpoint_info(), **cuda.endpoint_info()}
         try:
             r = self._rpc.call("join", name=name, location=self.location.to_wire(), endpoint=self._endpoint,
                                role=role, follow=follow)
@@ -285,11 +282,15 @@ class HubClient:
         """
         wid = self._need_join()
         _check_tensors(tensors, "tensors")
-        manifest = build_manifest(tensors, self.cfg.manifest)
         rid = f"{wid}:{model}:{version}:{shard.key}:live"
         if rid in self._held:
             raise E.VersionError(f"{model!r} v{version} {shard.key} already published by this worker")
-        self.store.add(LocalReplica(rid, manifest, dict(tensors), full=True))
+        if any(t.device.type == "cuda" for t in tensors.values()):
+            local = cuda.DeviceReplica.for_publish(rid, tensors, self.cfg.manifest)  # pinned host mirror
+        else:
+            local = LocalReplica(rid, build_manifest(tensors, self.cfg.manifest), dict(tensors), full=True)
+        manifest = local.manifest
+        self.store.add(local)
         try:
             r = self._call("publish", wid=wid, model=model, version=version, shard=shard.to_wire(),
                                manifest=manifest.to_wire())
@@ -405,11 +406,11 @@ class HubClient:
         try:
             manifest = Manifest.from_wire(plan["manifest"])
             if into is not None:
-                manifest.check_buffers(into)
+                cuda.check_into(manifest, into)
                 self._release_overlapping(into)
             dest_tensors = dict(into) if into is not None else allocate(manifest)
             rid = f"{wid}:{model}:{ver}:{shard.key}:live"
-            dest = LocalReplica(rid, manifest, dest_tensors, full=False)
+            dest = cuda.make_replica(rid, manifest, dest_tensors, full=False)
         except BaseException:
             self._fetch_done(fid, ok=False)
             raise
@@ -497,7 +498,7 @@ class HubClient:
             rep = self.store.get(rid)
             if slot != "live" or rep is None:
                 continue
-            if any(a < e and s < b for t in rep.tensors.values() if t.numel()
+            if any(a < e and s < b for t in getattr(rep, "device_tensors", rep.tensors).values() if t.numel()
                    for a, b in [_span(t)] for s, e in spans):
                 self._release(rid)
 
