@@ -403,6 +403,8 @@ class HubClient:
         plan = self._call("fetch", wid=wid, model=model, version=version, shard=shard.to_wire(),
                               group=list(group) if group else None, into_spec=spec)
         fid, ver = plan["fetch_id"], plan["version"]
+        if plan.get("held"):
+            return self._already_held(model, ver, shard, into, t0)
         try:
             manifest = Manifest.from_wire(plan["manifest"])
             if into is not None:
@@ -438,6 +440,20 @@ class HubClient:
         self._held[rid] = (model, ver, shard, "live")
         secs = time.monotonic() - t0
         return FetchResult(ver, dest_tensors, per_source, used, secs, manifest.nbytes)
+
+    def _already_held(self, model: str, ver: int, shard: Shard, into, t0: float) -> FetchResult:
+        """This worker already holds (model, ver, shard): no transfer. Copy into `into` if it is
+        other memory (that copy is private: it is not registered as a replica)."""
+        rep = self.store.get(f"{self.worker_id}:{model}:{ver}:{shard.key}:live")
+        held = getattr(rep, "device_tensors", rep.tensors)
+        if into is None:
+            out = held
+        else:
+            for name, t in into.items():
+                if t.data_ptr() != held[name].data_ptr():
+                    t.copy_(held[name])
+            out = dict(into)
+        return FetchResult(ver, out, {}, {}, time.monotonic() - t0, 0)
 
     def _pull_all(self, sources: list[dict], dest: LocalReplica, per_source: dict, used: dict):
         """Pull every source's units in parallel; returns (failed replica ids, errors)."""

@@ -64,6 +64,9 @@ def _worker_main(conn, address: str, token: str, client_cfg) -> None:
             try:
                 r = client.fetch(kw["model"], "latest", into=into)
                 into = r.tensors
+                if r.nbytes == 0:  # already held latest: nothing moved, nothing to check
+                    loop["stop"].wait(kw.get("pause_s", 0.05))
+                    continue
                 record({"ok": True, "version": r.version, "digest": digest(r.tensors), "seconds": time.time() - t0})
             except HubError as e:
                 record({"ok": False, "error": type(e).__name__, "message": str(e)[:200], "typed": True,

@@ -192,7 +192,7 @@ class HubServer:
 
     def _plan_reply(self, wid: str, plan) -> dict:
         exp = time.time() + self.cfg.ticket_ttl_s
-        return {"fetch_id": plan.fetch_id, "version": plan.version, "manifest": plan.manifest.to_wire(),
+        return {"fetch_id": plan.fetch_id, "version": plan.version, "manifest": plan.manifest.to_wire(), "held": plan.held,
                 "sources": [{"replica": rep.id, "worker": w.id, "endpoint": w.endpoint,
                              "location": w.location.to_wire(), "units": units, "full": rep.full,
                              "ticket": self.signer.sign(Ticket(plan.fetch_id, wid, w.id, rep.id, exp))}

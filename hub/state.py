@@ -111,6 +111,8 @@ class Plan:
     version: int
     manifest: Manifest
     sources: list[tuple[ReplicaRec, WorkerRec, list[int]]]
+    held: bool = False
+    """The reader already holds this version in full: nothing to transfer."""
 
 
 class Release(str):
@@ -324,7 +326,12 @@ class HubState:
         if relay_id in self.replicas:
             stale = next((f.id for f in self.fetches.values() if f.relay == relay_id), None)
             if stale is None:
-                raise E.VersionError(f"worker already holds {model!r} v{ver} {shard.key}")
+                if pin is not None:
+                    m.pins[group[0]] = pin
+                    pin.served.add(shard.key)
+                    if len(pin.served) >= pin.size:
+                        del m.pins[group[0]]
+                return Plan("", ver, manifest, [], held=True)
             # The reader asks again for a fetch it has open: its first answer was lost (hub restart,
             # timeout). The old plan was never used; it is replaced below.
         cands = self._candidates(wid, model, ver, shard.key, exclude_fetch=stale)

@@ -178,3 +178,13 @@ def test_publish_and_fetch_before_join_are_refused(hub):
         c.publish("policy", 1, W)
     with pytest.raises(E.NotJoinedError):
         c.fetch("policy")
+
+
+def test_fetch_of_a_version_already_held_moves_nothing(hub, published):
+    _, reader = published
+    first = reader.fetch("policy")
+    again = reader.fetch("policy")
+    assert again.version == 1 and again.nbytes == 0 and again.tensors["w"].data_ptr() == first.tensors["w"].data_ptr()
+    other = {"w": torch.empty(4096), "b": torch.empty(3)}
+    copy = reader.fetch("policy", into=other)
+    assert copy.nbytes == 0 and torch.equal(other["w"], W["w"])
