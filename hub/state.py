@@ -368,14 +368,18 @@ class HubState:
 
     def _candidates(self, wid: str, model: str, ver: int, shard: str, exclude_fetch: str | None = None,
                     excluded: set[str] = frozenset()) -> list[ReplicaRec]:
-        """Replicas a reader may read from: not releasing, not itself, not downstream of it, not failed
-        for this fetch. Suspects (failed someone recently) are used only when nothing else is left."""
+        """Replicas a reader may read from: not itself, not downstream of it, not failed for this fetch.
+
+        Preference: healthy replicas; then suspects (failed someone recently); last, full replicas
+        that are releasing — a release waits for its readers anyway, and when a relay it waited for
+        died, its own copy may be the only one left to read while it seeds."""
         now = self.clock()
         down = self._downstream(wid, model, ver, shard, exclude_fetch)
         ok = [r for r in self.replicas_of(model, ver, shard)
-              if not r.releasing and r.worker != wid and r.worker in self.workers
-              and r.worker not in down and r.id not in excluded]
-        return [r for r in ok if self.suspects.get(r.id, 0) <= now] or ok
+              if r.worker != wid and r.worker in self.workers and r.worker not in down and r.id not in excluded]
+        live = [r for r in ok if not r.releasing]
+        return ([r for r in live if self.suspects.get(r.id, 0) <= now] or live
+                or [r for r in ok if r.full])
 
     def _downstream(self, wid: str, model: str, ver: int, shard: str, exclude_fetch: str | None) -> set[str]:
         """Workers whose open fetches read (transitively) from `wid`'s relay: never its sources."""

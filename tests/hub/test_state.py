@@ -80,7 +80,7 @@ def test_release_waits_for_inflight_reads_then_routes_elsewhere():
     tid = f"{w['t']}:p:1:tp0-pp0:live"
     assert s.replicas[tid].releasing
     p3 = s.plan_fetch(w["r3"], "p", 1, Shard())            # new reads avoid the releasing replica
-    assert tid not in p3.fetch_id and all(src[0].id != tid for src in p3.sources)
+    assert all(src[0].id != tid for src in p3.sources)
     s.fetch_done(w["r1"], plans[0].fetch_id, True)
     assert s.poll_releases() == {}                          # r2 still reading from it
     s.fetch_done(w["r2"], plans[1].fetch_id, True)
@@ -139,3 +139,17 @@ def test_fanout_cap_chains_readers_through_relays():
     b = s.plan_fetch(w["r2"], "p", 1, Shard())
     c = s.plan_fetch(w["r3"], "p", 1, Shard())
     assert [p.sources[0][1].id for p in (a, b, c)] == [w["t"], w["r1"], w["r2"]]
+
+
+def test_releasing_replica_still_serves_when_the_relay_it_waited_for_died():
+    s, w = state()
+    s.publish(w["t"], "p", 1, Shard(), M)
+    a = s.plan_fetch(w["r1"], "p", 1, Shard())
+    assert s.release(w["t"], "p", 1, Shard()) is PENDING      # waits for relay r1
+    b = s.plan_fetch(w["r2"], "p", 1, Shard())               # r2 relays from r1
+    assert b.sources[0][1].id == w["r1"]
+    s.fetch_done(w["r1"], a.fetch_id, False)                 # r1 dies: r2 must not find "lost"
+    again = s.replan(w["r2"], b.fetch_id, [b.sources[0][0].id], [0])
+    assert again.sources[0][1].id == w["t"]
+    s.fetch_done(w["r2"], b.fetch_id, True)
+    assert s.poll_releases() == {f"{w['t']}:p:1:tp0-pp0:live": DONE}
