@@ -17,10 +17,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlsync.churn import AutoscaleConfig, ChurnConfig
 from rlsync.loggers import LoggingConfig
 from rlsync.rollout.engine import RolloutEngine
 from rlsync.rollout.models import TinyModelConfig
 from rlsync.trainer.backend import OptimizerConfig, TrainerBackend
+from rlsync.elastic import ElasticConfig, TrainerChurnConfig
 
 
 @dataclass(kw_only=True)
@@ -57,6 +59,13 @@ class HubRunConfig:
     """Force a data-plane transport (tcp, tcp-py, shm); None: the best usable per pair of workers."""
     retain_last: int = 1
     """Newest committed versions the hub keeps retrievable."""
+    worker_timeout_s: float = 15.0
+    """The hub expires a worker silent this long (a rollout killed without notice stays a source until then)."""
+    cross_dc_streams: int = 1
+    """Transfers of one version allowed to cross into a DC at a time (hub PlannerConfig); later readers relay in-DC."""
+    seed_dcs: list[str] = field(default_factory=list)
+    """DCs that get a seed worker (`role="seed", follow=True`): it keeps `latest` in its DC and takes hand-offs
+    from workers preempted with notice, even when every rollout there is busy or gone."""
     prefer_seed: bool = True
     """The trainer's release of the last full replica of `latest` seeds a host copy at once instead of
     waiting for a relay (a relay that reads from the releasing trainer could otherwise lose its source)."""
@@ -97,12 +106,27 @@ class TrainerGroupConfig:
     """The update: optimizer, advantage estimator, policy loss (GRPO, PPO ...), epochs."""
     location: LocationConfig = field(default_factory=LocationConfig)
     """Where the trainer ranks are (hub topology labels)."""
+    elastic: ElasticConfig = field(default_factory=ElasticConfig)
+    """Elastic group: re-form when a rank dies, admit ranks added mid-run; weights back from the hub (docs/elastic.md)."""
+    churn: TrainerChurnConfig = field(default_factory=TrainerChurnConfig)
+    """Injected trainer churn: kill a rank during step s, add one after step s (needs elastic.enabled)."""
 
 
 @dataclass(kw_only=True)
 class PoolConfig:
     size: int = 1
-    """Rollout worker actors in this pool."""
+    """Rollout worker actors this pool starts with."""
+    policy: str = "fixed"
+    """`fixed` (size workers all run long), `autoscale` (between min_size and max_size, by stall), or
+    `spot` (the churn schedule preempts and adds workers)."""
+    min_size: int = 1
+    """autoscale: fewest workers; spot: a preemption never takes the pool below it."""
+    max_size: int = 0
+    """autoscale / spot: most workers (0: size)."""
+    churn: ChurnConfig = field(default_factory=ChurnConfig)
+    """policy=spot: seeded preemptions (with and without notice) and joins."""
+    autoscale: AutoscaleConfig = field(default_factory=AutoscaleConfig)
+    """policy=autoscale: when to grow and shrink."""
     location: LocationConfig = field(default_factory=LocationConfig)
     """Where this pool's workers are (hub topology labels)."""
     engine: RolloutEngine.Config = field(default_factory=lambda: RolloutEngine.Config(max_new_tokens=0))
