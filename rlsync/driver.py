@@ -17,6 +17,10 @@ Weights never pass through Ray or the driver: calls carry prompts, scored sample
 driver audits this: every tensor it sends or receives is counted (`ray/payload_bytes`) and checked
 against the model's parameter shapes (`ray/weight_like_tensors`, always 0).
 
+Rollout pools are elastic (rlsync/pools.py): a `PoolSet` starts them, runs their churn schedules and
+autoscale rule after each step, adopts pools attached with `python -m rlsync.pool join`, and turns
+joins and leaves into refs this loop waits on with the rest, so the loop never blocks on one worker.
+
 Simplifies: a dead rollout worker is dropped from its pool (its prompts are lost, counted); the
 trainer group is not elastic yet (a dead rank ends the run with an error).
 """
@@ -38,12 +42,14 @@ from rlsync.checkpoint import CheckpointStore
 from rlsync.config import TrainConfig, as_dict
 from rlsync.loggers import make_logger
 from rlsync.metrics import HubStats, StepAggregator
+from rlsync.pools import PoolSet
 from rlsync.progress import StepProgress
 from rlsync.stall import now_ns
 from rlsync.staleness import SampleBuffer, StalenessBound, plan_request
 from rlsync.trace import TraceWriter
 from rlsync.trainer.batch import Batch
-from rlsync.workers import RolloutWorker, TrainerWorker, WorkerGroup, build_policy, special_ids
+from rlsync.trainer_group import TrainerGroup, TrainerGroupError
+from rlsync.workers import build_policy, special_ids
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +102,7 @@ class Driver:
 
     def _validate(self) -> None:
         c = self.cfg
-        if c.rollout.prompts_per_step % c.trainer.world_size:
+        if c.rollout.prompts_per_step % c.trainer.world_size and not c.trainer.elastic.enabled:
             raise ValueError(f"rollout.prompts_per_step={c.rollout.prompts_per_step} must be a multiple of "
                              f"trainer.world_size={c.trainer.world_size} (ranks take whole prompt groups)")
         if self.n_rollout < 1:
@@ -108,9 +114,7 @@ class Driver:
 
     # ------------------------------------------------------------------------------------ set-up
     def _start(self) -> None:
-        from rlsync.hub import HubConfig, RetentionConfig, start_embedded_hub
-        from rlsync.trainer import free_port
-
+        from rlsync.hub import HubConfig, PlannerConfig, RetentionConfig, start_embedded_hub
         c = self.cfg
         if not ray.is_initialized():
             kw = dict(include_dashboard=False, log_to_driver=True)
@@ -120,38 +124,36 @@ class Driver:
                 ray.init(num_cpus=c.ray.num_cpus, **kw)
         # A fresh journal per run: a resumed run re-publishes its checkpoint's version, which an old
         # journal (committed versions past it) would refuse as not increasing.
-        self.hub = start_embedded_hub(host=c.hub.host, config=HubConfig(retention=RetentionConfig(retain_last=c.hub.retain_last,
-                                                                        prefer_seed=c.hub.prefer_seed)))
+        self.hub = start_embedded_hub(host=c.hub.host, config=HubConfig(
+            retention=RetentionConfig(retain_last=c.hub.retain_last, prefer_seed=c.hub.prefer_seed),
+            planner=PlannerConfig(cross_dc_streams=c.hub.cross_dc_streams), worker_timeout_s=c.hub.worker_timeout_s))
         addr, tok = self.hub.address, self.hub.token
-        port = free_port()
-        self.trainers = WorkerGroup("trainer", TrainerWorker, lambda i: (c, i, port, addr, tok),
-                                    num_cpus=c.ray.actor_num_cpus)
-        self.trainers.start(c.trainer.world_size)
-        self.pools = {name: WorkerGroup(name, RolloutWorker, lambda i, n=name: (c, n, i, addr, tok),
-                                        num_cpus=c.ray.actor_num_cpus) for name in c.pools}
-        for name, g in self.pools.items():
-            g.start(c.pools[name].size)
+        ckpt = CheckpointStore(self.run_dir / "checkpoints", keep=c.checkpoint.keep)
+        self.trainers = TrainerGroup(c, addr, tok, self.run_dir,
+                                     checkpoint_dir=lambda: str(ckpt.latest()[0]) if ckpt.latest() else None)
+        self.trainers.start()
+        self.pools = PoolSet(c, addr, tok, self.run_dir)
+        self.pools.start()
         info = self.trainers.wait_ready(c.timeout_s)
         self.audit = PayloadAudit(next(iter(info.values()))["shapes"])
-        for g in self.pools.values():
-            g.wait_ready(c.timeout_s)
+        self.pools.wait_ready(c.timeout_s)
+        self.pools.write_job_file()
 
     def _stop(self) -> None:
-        for g in [*getattr(self, "pools", {}).values(), getattr(self, "trainers", None)]:
-            if g is not None:
-                g.shutdown()
+        if getattr(self, "pools", None) is not None:
+            self.pools.shutdown()
+        if getattr(self, "trainers", None) is not None:
+            self.trainers.shutdown()
         if getattr(self, "_stats_client", None) is not None:
             self._stats_client._rpc.close()  # no public close for a client that never joined (hub asks)
         if getattr(self, "hub", None) is not None:
             self.hub.stop()
 
     def _trainer_call(self, method: str, *args_per_rank) -> list:
-        handles = list(self.trainers.members.values())
-        refs = [getattr(h, method).remote(*(a[i] for a in args_per_rank)) for i, h in enumerate(handles)]
         try:
-            return ray.get(refs, timeout=self.cfg.timeout_s)
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
-            raise RunError(f"trainer group failed in {method}: {e}") from e
+            return self.trainers.call(method, *args_per_rank)
+        except TrainerGroupError as e:
+            raise RunError(str(e)) from e
 
     def _hub_stats(self) -> HubStats | None:
         from rlsync.hub import HubClient
@@ -211,28 +213,28 @@ class Driver:
         step_stats: dict[str, float] = defaultdict(float)
         last_progress = time.monotonic()
         while step < c.steps:
+            # 0. pools: start leaves of preempted workers whose call is back, adopt attached pools
+            self.pools.poll(busy)
             # 1. hand out prompts to free rollout workers, never more than k versions ahead
-            for pool, g in self.pools.items():
-                for key, h in g.members.items():
-                    if key in busy:
-                        continue
-                    target = plan_request(steps_done=step, training=train_refs is not None,
-                                          buffered=buf.fresh(step + (train_refs is not None), self.bound),
-                                          inflight=inflight, groups_per_step=r.prompts_per_step,
-                                          bound=self.bound, total_steps=c.steps)
-                    if target is None:
-                        break
-                    prompts = self.task.next_prompts(self.ppr)
-                    ref = h.rollout.remote(prompts, self.bound.min_version(target))
-                    pending[ref] = (pool, key, len(prompts))
-                    busy.add(key)
-                    inflight += len(prompts)
+            for pool, key, h in self.pools.free(busy):
+                target = plan_request(steps_done=step, training=train_refs is not None,
+                                      buffered=buf.fresh(step + (train_refs is not None), self.bound),
+                                      inflight=inflight, groups_per_step=r.prompts_per_step,
+                                      bound=self.bound, total_steps=c.steps)
+                if target is None:
+                    break
+                prompts = self.task.next_prompts(self.ppr)
+                ref = h.rollout.remote(prompts, self.bound.min_version(target))
+                pending[ref] = (pool, key, len(prompts))
+                busy.add(key)
+                inflight += len(prompts)
             # 2. start a train step when the trainer is free and a fresh batch is buffered
             if train_refs is None:
                 took = buf.take(step, r.prompts_per_step, self.bound)
                 step_stats["staleness/dropped"] += took.dropped_samples
                 if took.payloads:
-                    train_refs, train_started = self._start_train(took), time.monotonic()
+                    self._batch = took.payloads  # kept: a step lost with a trainer rank is trained again
+                    train_refs, train_started = self._start_train(step), time.monotonic()
                     stale = [step - v for v in took.versions]
                     step_stats["staleness/mean"] = sum(stale) / len(stale)
                     step_stats["staleness/max"] = max(stale)
@@ -240,14 +242,16 @@ class Driver:
                     step_stats["reward/mean"] = float(rewards.mean())
                     step_stats["reward/max_group_mean"] = max(float(b.rewards.mean()) for b in took.payloads)
             # 3. wait for whichever call finishes first (never blocking on one worker)
-            refs = list(pending) + (train_refs or [])
+            refs = list(pending) + (train_refs or []) + self.pools.refs()
             ready, _ = ray.wait(refs, num_returns=1, timeout=1.0)
             if not ready:
                 if time.monotonic() - last_progress > c.timeout_s:
                     raise RunError(f"no worker call finished in {c.timeout_s:.0f}s (timeout_s)")
                 continue
-            last_progress = time.monotonic()
             ref = ready[0]
+            if self.pools.handle(ref):
+                continue
+            last_progress = time.monotonic()
             if ref in pending:
                 pool, key, n = pending.pop(ref)
                 busy.discard(key)
@@ -256,9 +260,9 @@ class Driver:
                     res = self.audit.see(ray.get(ref))
                 except ray.exceptions.RayActorError as e:
                     log.warning("rollout worker %s died (%s): %d prompts lost", key, e, n)
-                    self.pools[pool].members.pop(key, None)
+                    self.pools.on_dead(pool, key)
                     self.totals["pool/lost_prompts"] += n
-                    if not any(g.members for g in self.pools.values()):
+                    if not self.pools.alive():
                         raise RunError("every rollout worker is gone") from e
                     continue
                 except ray.exceptions.RayTaskError as e:
@@ -275,10 +279,19 @@ class Driver:
             # a trainer rank finished: wait for the others, then close the step
             metrics = self._finish_train(train_refs)
             train_refs = None
+            if metrics is None:  # a trainer rank was lost; the group re-formed at the latest committed version
+                if self.trainers.version == step:  # the step never committed: train the same batch again
+                    train_refs = self._start_train(step)
+                    continue
+                if self.trainers.version != step + 1:
+                    raise RunError(f"trainer group re-formed at v{self.trainers.version}, driver at step {step}")
+                metrics = {"version": step + 1}  # committed before the loss was seen: the step counts
             step += 1
             step_stats["timing_s/train"] = time.monotonic() - train_started
             end = now_ns()
             m = self._close_step(step, agg, trace, metrics, step_stats, step_start_ns, end)
+            self.pools.on_step(step, m)
+            self.trainers.after_step(step)
             logger.log(m, step=step)
             bar.update(step, version=int(m["version"]), reward=m.get("reward/mean"), stall_s=m["stall/total_s"])
             step_start_ns, step_stats = end, defaultdict(float)
@@ -286,24 +299,22 @@ class Driver:
                 self._checkpoint(ckpt, step)
             trace.flush()
 
-    def _start_train(self, took) -> list:
-        w = self.cfg.trainer.world_size
-        per = len(took.payloads) // w
-        shards = [self.audit.see(Batch.concat(took.payloads[i * per:(i + 1) * per])) for i in range(w)]
-        return [h.train.remote(s) for h, s in zip(self.trainers.members.values(), shards)]
-
-    def _finish_train(self, refs: list) -> dict[str, float]:
+    def _start_train(self, step: int) -> list:
         try:
-            per_rank = self.audit.see(ray.get(refs, timeout=self.cfg.timeout_s))
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
-            raise RunError(f"trainer group failed in a step: {e}") from e
-        keys = set.intersection(*(set(m) for m in per_rank))
-        return {k: sum(m[k] for m in per_rank) / len(per_rank) for k in keys}
+            return self.trainers.start_train(self._batch, step, audit=self.audit.see)
+        except TrainerGroupError as e:
+            raise RunError(str(e)) from e
+
+    def _finish_train(self, refs: list) -> dict[str, float] | None:
+        """Mean metrics over ranks; None: a rank was lost and the (elastic) group re-formed."""
+        try:
+            return self.trainers.finish_train(refs)
+        except TrainerGroupError as e:
+            raise RunError(str(e)) from e
 
     def _close_step(self, step: int, agg: StepAggregator, trace: TraceWriter, tm: dict[str, float],
                     stats: dict[str, float], start_ns: int, end_ns: int) -> dict[str, float]:
-        groups = [self.trainers, *self.pools.values()]
-        refs = {k: ref for g in groups for k, ref in g.drain_refs().items()}
+        refs = {**self.trainers.drain_refs(), **self.pools.drain_refs()}
         records = []
         for k, ref in refs.items():
             try:
@@ -341,7 +352,14 @@ class Driver:
             if k in tm:
                 out[f"loss/{k}" if k == "value_loss" else k] = tm[k]
         out.update({k: v for k, v in stats.items() if k not in out})
+        out.update(self.trainers.step_metrics())
         out.update(sm.to_dict())
+        out.update(self.pools.ledger.window(records, start_ns, end_ns))
+        out.update(self.pools.step_metrics())
+        for k, v in out.items():
+            if k.startswith("events/"):
+                self.totals[k] += v
+        self.totals.update(self.pools.ledger.totals())
         trace.step(step, start_ns, end_ns, version=out["version"], reward=out.get("reward/mean"))
         self.totals["reward/last"] = out.get("reward/mean", float("nan"))
         return out
@@ -349,7 +367,7 @@ class Driver:
     def _checkpoint(self, ckpt: CheckpointStore, step: int) -> None:
         path = ckpt.path_for(step)
         path.mkdir(parents=True, exist_ok=True)
-        self._trainer_call("save_checkpoint", [str(path)] * self.cfg.trainer.world_size)
+        self._trainer_call("save_checkpoint", [str(path)] * self.trainers.world_size)
         # The cursor is past every prompt handed out, trained or still in flight (see checkpoint.py).
         ckpt.commit(step, {"step": step, "version": step, "task": self.task.state_dict(),
                            "totals": dict(self.totals)})

@@ -110,16 +110,24 @@ def _telemetry(cls):
 
 @_telemetry
 class TrainerWorker:
-    def __init__(self, cfg: TrainConfig, rank: int, master_port: int, hub_address: str, hub_token: str):
+    def __init__(self, cfg: TrainConfig, rank: int, master_port: int | None, hub_address: str, hub_token: str):
+        """Rank `rank` of the initial group at `master_port`; `master_port=None`: a worker added to an
+        elastic group mid-run, alone until `reform` takes it in (`rank` is then its actor index)."""
         _process_setup(cfg)
-        from rlsync.trainer import DeepSpeedBackend, DistConfig, TorchBackend
+        from rlsync.trainer import DeepSpeedBackend, DistConfig, TorchBackend, free_port
 
         self.cfg, self.rank = cfg, rank
         self.worker_id = f"trainer-{rank}"
         self.clock = StallClock(self.worker_id, role="trainer", pool="trainer")
         model, _ = build_policy(cfg)
         t = cfg.trainer
-        dist = DistConfig(world_size=t.world_size, rank=rank, master_port=master_port)
+        elastic = t.elastic.enabled
+        timeout = t.elastic.collective_timeout_s if elastic else None
+        if master_port is None:
+            self.rank = -1  # not in the group yet
+            dist = DistConfig(world_size=1, rank=0, master_port=free_port(), timeout_s=timeout)
+        else:
+            dist = DistConfig(world_size=t.world_size, rank=rank, master_port=master_port, timeout_s=timeout)
         algo = {f.name: getattr(t.algo, f.name) for f in dataclasses.fields(t.algo)}
         if t.backend == "torch":
             self.backend = TorchBackend(TorchBackend.Config(**algo, dist=dist), model)
@@ -128,25 +136,79 @@ class TrainerWorker:
                 **algo, dist=dist, zero_stage=t.zero_stage, extra_ds_config=dict(t.extra_ds_config)), model)
         else:
             raise ValueError(f"unknown trainer.backend {t.backend!r}; known: torch, deepspeed")
-        self.hub = _hub_client(cfg, hub_address, hub_token, t.location, self.worker_id) if rank == 0 else None
+        # Elastic: every rank joins the hub, since after a re-form each one fetches the weights.
+        self.hub = (_hub_client(cfg, hub_address, hub_token, t.location, self.worker_id)
+                    if self.rank == 0 or elastic else None)
         self.published: int | None = None
+        self._ckpt_digest = None
 
     def ready(self) -> dict:
         """Parameter names and shapes (metadata only: the driver's no-weights-through-Ray audit)."""
-        return {"version": self.backend.version,
-                "shapes": {n: tuple(p.shape) for n, p in self.backend.named_parameters_for_sync().items()}}
+        shapes = {n: tuple(p.shape) for n, p in self.backend.named_parameters_for_sync().items()}
+        return {"version": self.backend.version, "shapes": shapes,
+                "hub_id": self.hub.worker_id if self.hub is not None else None}
+
+    def alive(self) -> int:
+        """Liveness probe (answered from the telemetry concurrency group, even mid-collective)."""
+        return os.getpid()
+
+    def reform(self, rank: int, world_size: int, master_port: int, optimizer_from: str | None) -> dict:
+        """Join the re-formed group as `rank` of `world_size`, weights = the hub's latest committed version.
+
+        Every rank fetches `latest` into the backend's parameter tensors (so all agree bit for bit), then
+        releases that replica (the optimizer will write those tensors; rollout replicas keep serving it).
+        Optimizer state: from `optimizer_from` (a checkpoint dir; optimizer files only) or fresh, with a warning.
+        Returns the version, a digest of the weights as loaded, and where the bytes came from.
+        """
+        from rlsync.trainer import DistConfig
+
+        t0 = time.perf_counter()
+        e, name = self.cfg.trainer.elastic, self.cfg.hub.model_name
+        self.release()
+        self.rank = rank
+        got = {}
+
+        def load_weights(into: dict[str, torch.Tensor]) -> int:
+            r = self.hub.fetch(name, "latest", into=into)
+            got.update(version=r.version, bytes_by_source=dict(r.bytes_by_source), seconds=r.seconds,
+                       digest=weights_digest(into))
+            self.hub.release(name, r.version)  # never written while a replica: give it back first
+            return r.version
+
+        with self.clock.state("loading_weights"):
+            dist = DistConfig(world_size=world_size, rank=rank, master_port=master_port,
+                              timeout_s=e.collective_timeout_s)
+            version = self.backend.reform(dist, load_weights, lambda: build_policy(self.cfg)[0])
+        self.clock.event("fetch", version=version, bytes=sum(got["bytes_by_source"].values()),
+                         seconds=got["seconds"], sources=sorted(got["bytes_by_source"]), recover=True)
+        opt = "reinit"
+        if e.optimizer_state == "checkpoint" and optimizer_from and self.backend.load_optimizer_state(optimizer_from):
+            opt = "checkpoint"
+        elif self.cfg.trainer.backend == "torch":
+            self.backend.reset_optimizer()
+        if opt == "reinit":
+            log.warning("trainer %s: optimizer state re-initialized after re-forming at version %d (%s)",
+                        self.worker_id, version, "elastic.optimizer_state=reinit" if e.optimizer_state == "reinit"
+                        else f"no usable optimizer state in {optimizer_from!r}")
+        self.clock.enter("waiting_data")
+        return {"worker": self.worker_id, "rank": rank, "version": version, "digest": got["digest"],
+                "bytes_by_source": got["bytes_by_source"], "optimizer": opt,
+                "latest": self.hub.latest(name), "seconds": time.perf_counter() - t0}
 
     def publish(self) -> dict:
         """Register the current weights in the hub as version `backend.version` (no copy)."""
         tensors = self.backend.named_parameters_for_sync()  # a collective under ZeRO-3: every rank calls
         v = self.backend.version
         nbytes = sum(x.numel() * x.element_size() for x in tensors.values())
-        if self.hub is not None:
+        out = {"version": v, "bytes": nbytes}
+        if self.rank == 0:
             self.hub.publish(self.cfg.hub.model_name, v, {k: x.contiguous() for k, x in tensors.items()})
             self.published = v
             self.clock.event("publish", version=v, bytes=nbytes)
+            if self.cfg.trainer.elastic.enabled:  # what a recovery must reproduce bit for bit (docs/elastic.md)
+                out["digest"] = weights_digest(tensors)
         self.clock.enter("waiting_data")
-        return {"version": v, "bytes": nbytes}
+        return out
 
     def release(self) -> None:
         """Give the published version back before the optimizer writes the tensors (mutability contract)."""
@@ -162,6 +224,8 @@ class TrainerWorker:
             m = self.backend.train_step(batch)
             pub = self.publish()
         m["version"] = pub["version"]
+        if "digest" in pub:
+            m["digest"] = pub["digest"]
         return m
 
     def save_checkpoint(self, path: str) -> None:
@@ -175,6 +239,18 @@ class TrainerWorker:
     def shutdown(self) -> None:
         if self.hub is not None:
             self.hub.leave()
+
+
+def weights_digest(tensors: dict[str, torch.Tensor]) -> str:
+    """sha256 over the tensors' names, dtypes, shapes and bytes, in name order: equal iff bit-for-bit equal."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
 
 
 # ---------------------------------------------------------------------------------- rollout worker
@@ -215,10 +291,36 @@ class RolloutWorker:
                     time.sleep(self.cfg.inject.weights_delay_s)
                 while (latest := self.hub.latest(name)) is None or latest < min_version:
                     time.sleep(r.weight_poll_s)
-        got = self._fetch_latest(name)
+        self._record_fetch(self._fetch_latest(name))
+
+    def _record_fetch(self, got, **extra) -> None:
         self.engine.version = got.version
         self.clock.event("fetch", version=got.version, bytes=got.nbytes, seconds=got.seconds,
-                         sources=sorted(got.bytes_by_source), transports=sorted(set(got.transports.values())))
+                         sources=sorted(got.bytes_by_source), transports=sorted(set(got.transports.values())),
+                         bytes_by_source=dict(got.bytes_by_source), wid=self.hub.worker_id, dc=self.hub.location.dc,
+                         **extra)
+
+    def join_run(self) -> dict[str, Any]:
+        """Become useful to a running job: fetch `latest` now (the planner prefers peers near this
+        worker over the trainer), before the driver hands out work. Before the first publish: no-op.
+
+        Returns the hub worker id (the driver's map of sources) and what the fetch read from whom.
+        """
+        from rlsync.hub import errors as E
+
+        name = self.cfg.hub.model_name
+        got = None
+        try:
+            latest = self.hub.latest(name)
+        except E.UnknownModelError:  # nothing published yet (the run is starting)
+            latest = None
+        if latest is not None:
+            got = self._fetch_latest(name)
+            self._record_fetch(got, join=True)
+        self.clock.enter("idle")
+        return {"worker": self.worker_id, "wid": self.hub.worker_id, "pool": self.pool,
+                "dc": self.hub.location.dc, "version": self.engine.version,
+                "bytes_by_source": dict(got.bytes_by_source) if got else {}}
 
     def _fetch_latest(self, name: str, attempts: int = 8):
         """Fetch `latest` into the engine's parameters; retry when the version resolved is lost meanwhile.
@@ -263,8 +365,9 @@ class RolloutWorker:
         return {"worker": self.worker_id, "version": out.version, "groups": groups,
                 "generate_s": time.perf_counter() - t0}
 
-    def shutdown(self) -> None:
-        self.hub.leave()
+    def shutdown(self, deadline_s: float = 0.0) -> None:
+        """Leave the hub; with `deadline_s` > 0 (a preemption notice) retention hands off what only we hold."""
+        self.hub.leave(deadline_s=deadline_s)
 
 
 # ---------------------------------------------------------------------------------- worker group
@@ -281,20 +384,29 @@ class WorkerGroup:
     """
 
     def __init__(self, name: str, worker_cls: type, make_args: Callable[[int], tuple], *,
-                 num_cpus: float = 0.5, env: dict[str, str] | None = None):
+                 num_cpus: float = 0.5, env: dict[str, str] | None = None, first_index: int = 0):
         self.name, self.make_args = name, make_args
         self._actor = ray.remote(concurrency_groups={"telemetry": 1})(worker_cls)
         self._opts = dict(num_cpus=num_cpus, max_restarts=0, max_concurrency=1,
                           runtime_env={"env_vars": {**WORKER_ENV, **(env or {})}})
         self.members: dict[str, Any] = {}
-        self._next = 0
+        self._next = first_index
 
-    def add(self) -> str:
+    def add(self, *, namespace: str | None = None, detached: bool = False) -> str:
+        """Start one more actor; with `namespace` it is named `<key>` there (and `detached` outlives its creator)."""
         i = self._next
         self._next += 1
         key = f"{self.name}-{i}"
-        self.members[key] = self._actor.options(name=None, **self._opts).remote(*self.make_args(i))
+        named = dict(name=key, namespace=namespace) if namespace else dict(name=None)
+        if detached:
+            named["lifetime"] = "detached"
+        self.members[key] = self._actor.options(**named, **self._opts).remote(*self.make_args(i))
         return key
+
+    def adopt(self, key: str, handle: Any) -> None:
+        """Take over an actor someone else started (a pool attached by `python -m rlsync.pool join`)."""
+        self.members[key] = handle
+        self._next = max(self._next, int(key.rsplit("-", 1)[1]) + 1) if key.rsplit("-", 1)[-1].isdigit() else self._next
 
     def start(self, n: int) -> list[str]:
         return [self.add() for _ in range(n)]

@@ -1,0 +1,112 @@
+"""Issue 6 on the real loop: elastic spot pools (preempted with and without notice, joins mid-run),
+cross-DC pools behind a seed worker, and `python -m rlsync.pool` attaching a pool to a running job.
+
+Each run is a few seconds of steps on real Ray actors and the embedded hub; `inject.generate_delay_s`
+slows generation so that workers started mid-run (~5-15 s to import torch and join) arrive in time.
+"""
+import json
+import os
+import stat
+import subprocess
+import sys
+import threading
+import time
+
+from rlsync.config import PoolConfig
+from rlsync.driver import Driver
+from rlsync.loggers import read_jsonl
+
+MODEL_BYTES = 4 * 133_440  # the tiny Llama (hidden 64, 2 layers, vocab 16) in fp32
+
+
+def _fetches(run_dir):
+    trace = json.load(open(f"{run_dir}/trace.json"))["traceEvents"]
+    return [e for e in trace if e.get("name") == "fetch" and e.get("ph") == "i"]
+
+
+def _spot_cfg(tiny_cfg, **over):
+    cfg = tiny_cfg(steps=22, **{"inject.generate_delay_s": 0.4, "hub.worker_timeout_s": 3.0,
+                                "rollout.eager_fetch": True, "trainer.location.rack": "train", **over})
+    spot = PoolConfig(size=2, policy="spot", max_size=4, min_size=1)
+    spot.location.rack = "spot"
+    c = spot.churn
+    c.seed, c.preemptions, c.notice_fraction, c.notice_s, c.joins, c.first_step, c.last_step = 3, 3, 0.67, 5.0, 2, 2, 6
+    cfg.pools = {"spot": spot}
+    return cfg
+
+
+def test_spot_pool_survives_preemptions_and_joiners_fetch_from_peers(ray_address, tiny_cfg):
+    cfg = _spot_cfg(tiny_cfg)
+    totals = Driver(cfg, cfg.run_dir).run()
+    rows = read_jsonl(f"{cfg.run_dir}/metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, cfg.steps + 1))          # 0 failed steps
+    assert totals["events/preemptions_kill"] >= 1 and totals["events/preemptions_notice"] >= 1
+    assert totals["events/joins"] == 2 and totals["events/joined"] >= 1
+    assert totals["events/left"] >= 1                                           # a noticed one left the hub
+    assert all(r["ray/weight_like_tensors"] == 0 for r in rows)
+    assert max(r["pool/spot/members"] for r in rows) >= 3
+    # Joiners fetch `latest` from a peer (same rack) and not from the trainer (another rack) whenever a
+    # live peer held that version when the join fetch started.
+    fetches = _fetches(cfg.run_dir)
+    readers = {e["args"]["wid"] for e in fetches}
+    joins = [e for e in fetches if e["args"].get("join")]
+    assert joins and totals["sync/join_fetches"] == len(joins)
+    for j in joins:
+        v, start = j["args"]["version"], j["ts"] - j["args"]["seconds"] * 1e6
+        holders = [e for e in fetches if e["args"]["wid"] != j["args"]["wid"] and e["args"]["version"] == v
+                   and e["ts"] < start]
+        srcs = {w for w, n in j["args"]["bytes_by_source"].items() if n > 0}
+        if holders:
+            assert srcs <= readers, (j["args"], [h["args"]["wid"] for h in holders])   # peers only
+    assert totals["sync/sources_peer"] > 0
+
+
+def test_cross_dc_pool_moves_about_one_copy_per_version_across_the_dc_link(ray_address, tiny_cfg):
+    cfg = tiny_cfg(steps=6, **{"rollout.eager_fetch": True, "hub.seed_dcs": ["dc1"], "hub.cross_dc_streams": 1})
+    far = PoolConfig(size=3)
+    far.location.dc = "dc1"
+    cfg.pools = {"far": far}
+    totals = Driver(cfg, cfg.run_dir).run()
+    rows = read_jsonl(f"{cfg.run_dir}/metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, 7))
+    fetched_in_dc1 = sum(r["sync/bytes"] for r in rows) / MODEL_BYTES
+    assert fetched_in_dc1 >= 6                                  # several readers per version in dc1 ...
+    assert totals["sync/cross_dc_versions"] >= 3
+    assert totals["sync/cross_dc_copies_per_version"] <= 1.1, totals  # ... but ~one copy crossed per version
+    assert totals["sync/sources_seed"] + totals["sync/sources_peer"] > 0
+    assert any(r.get("pool/seed-dc1/workers", 0) == 1 for r in rows)
+
+
+def _pool_cli(*args, timeout=120):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    p = subprocess.run([sys.executable, "-m", "rlsync.pool", *args], capture_output=True, text=True,
+                       timeout=timeout, env=env)
+    assert p.returncode == 0, (args, p.stdout, p.stderr[-3000:])
+    return p.stdout
+
+
+def test_pool_cli_attaches_lists_and_detaches_a_pool_of_a_running_job(ray_address, tiny_cfg):
+    cfg = tiny_cfg(steps=200, **{"inject.generate_delay_s": 0.3})
+    driver = Driver(cfg, cfg.run_dir)
+    done = {}
+    t = threading.Thread(target=lambda: done.setdefault("totals", driver.run()), daemon=True)
+    t.start()
+    job = f"{cfg.run_dir}/job.json"
+    end = time.monotonic() + 90
+    while not os.path.exists(job) and time.monotonic() < end:
+        time.sleep(0.2)
+    assert stat.S_IMODE(os.stat(job).st_mode) == 0o600          # it holds the hub token
+    out = _pool_cli("join", "--job", cfg.run_dir, "--pool", "spot2", "--size", "1", "--rack", "rack1")
+    assert "spot2-0: hub worker" in out and "generating" in out, out
+    listing = _pool_cli("list", "--job", cfg.run_dir)
+    assert "spot2" in listing and "attached" in listing and "main" in listing, listing
+    time.sleep(3)  # a few steps with the attached worker
+    assert "left the job" in _pool_cli("leave", "--job", cfg.run_dir, "--pool", "spot2")
+    assert "spot2" not in _pool_cli("list", "--job", cfg.run_dir)
+    driver.cfg.steps = 0  # wind the run down (the loop checks `step < steps`)
+    t.join(timeout=60)
+    assert not t.is_alive() and "totals" in done
+    rows = read_jsonl(f"{cfg.run_dir}/metrics.jsonl")
+    assert done["totals"]["events/attached"] == 1 and done["totals"]["events/left"] == 1
+    assert any(r.get("pool/spot2/workers", 0) >= 1 for r in rows)        # its samples are in the metrics
+    assert not os.path.exists(job)                                        # removed when the job ends
