@@ -123,6 +123,27 @@ class BenchCluster:
             self.link_check[f"{a}->{b}"] = round(measure_rate(self.topo, a, b, nbytes) / 1e6, 1)
         return self.link_check
 
+    def tx_bytes(self) -> int:
+        """Bytes sent so far by every host's NIC (from the kernel's counters)."""
+        total = 0
+        for h in self.agents:
+            r = self.topo.run(h, ["ip", "-j", "-s", "link", "show", "eth0"])
+            total += json.loads(r.stdout)[0]["stats64"]["tx"]["bytes"]
+        return total
+
+    def wait_quiet(self, window_s: float = 0.5, max_s: float = 60.0, slack: int = 256 << 10) -> float:
+        """Wait until the links carry (almost) nothing, so a round never shares them with the tail of
+        the previous one (Ray's object manager, for one, keeps pushing after `get` returns)."""
+        t0 = time.monotonic()
+        last = self.tx_bytes()
+        while time.monotonic() - t0 < max_s:
+            time.sleep(window_s)
+            now = self.tx_bytes()
+            if now - last < slack:
+                break
+            last = now
+        return time.monotonic() - t0
+
     # ---------------------------------------------------------------- rlsync and trainer-only p2p
     def start_hub(self, name: str, planner: dict, only_hosts: list[str] | None = None) -> dict:
         h = self.agents["hub"].call("hub_start", name=name, ip=self.topo.ip("hub"), planner=planner,

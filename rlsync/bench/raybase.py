@@ -113,11 +113,14 @@ class RayObjectStore:
         if p.returncode != 0:
             return f"ray start --head failed in the hub's namespace: {out.strip().splitlines()[-3:]}"
         hosts = ["trainer"] + self.c.readers
-        procs = {h: self._ray_start(h, "--address", f"{hub_ip}:6379") for h in hosts}
-        for h, p in procs.items():
-            out, _ = p.communicate(timeout=300)
-            if p.returncode != 0:
-                return f"ray start --address failed in {h}'s namespace: {out.strip().splitlines()[-3:]}"
+        # Two at a time: `ray start` gives a raylet 30 s (hard-coded) to register, which nine
+        # starting at once on two loaded cores can miss.
+        for i in range(0, len(hosts), 2):
+            procs = {h: self._ray_start(h, "--address", f"{hub_ip}:6379") for h in hosts[i:i + 2]}
+            for h, p in procs.items():
+                out, _ = p.communicate(timeout=300)
+                if p.returncode != 0:
+                    return f"ray start --address failed in {h}'s namespace: {out.strip().splitlines()[-3:]}"
         try:
             info = self.c.agents["hub"].call("ray_driver", timeout=600, address=f"{hub_ip}:6379", hosts=hosts,
                                              mib=self.c.cfg.model_mib, seed=self.c.cfg.seed,

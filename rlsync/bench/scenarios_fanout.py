@@ -59,6 +59,9 @@ def run(cfg: BenchConfig, counts: list[int], reps: int, skip: set[str]) -> dict:
                 ray = None
 
         def one(system: str, n: int):
+            waited = c.wait_quiet()
+            if waited > 1.0:
+                log.info("waited %.1fs for the links to go quiet before %s, N=%d", waited, system, n)
             if system == "rlsync":
                 return c.hub_round("rlsync", system, readers[:n])
             if system == "trainer-only p2p":

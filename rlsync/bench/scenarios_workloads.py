@@ -62,6 +62,7 @@ def run_standalone(cfg: BenchConfig, rollouts: int, steps: int, train_s: float, 
         exact = True
         # gloo: one broadcast per step; everyone blocked from `go` to the end of their part.
         gloo_steps = []
+        c.wait_quiet()
         for step in range(steps):
             r, trainer = c.gloo_round("pool")
             exact &= r.exact
@@ -70,6 +71,7 @@ def run_standalone(cfg: BenchConfig, rollouts: int, steps: int, train_s: float, 
         # rlsync: publish, the pool fetches while the trainer trains, release before the next write.
         rl_steps = []
         ready_at = {h: 0.0 for h in pool}  # when each worker finished generating the last batch
+        c.wait_quiet()
         for step in range(steps):
             v = c.new_version()
             c.publish("rlsync", v)
@@ -111,6 +113,7 @@ def run_elastic(cfg: BenchConfig, holders: int, joiners: int, reps: int) -> dict
         per_reader = {}
         for rep in range(reps + 1):  # round 0: warm-up, untimed
             for system, hub in (("rlsync", "rlsync"), ("trainer-only p2p", "p2p")):
+                c.wait_quiet()
                 c.join_all(hub, ["trainer"] + hold)
                 v = c.new_version()
                 c.publish(hub, v)
@@ -157,6 +160,7 @@ def run_crossdc(cfg: BenchConfig, rollouts: int, dc_ratio: float, reps: int) -> 
         last = {}
         for rep in range(reps + 1):
             for system, hub in (("rlsync", "rlsync"), ("per-worker pull", "p2p")):
+                c.wait_quiet()
                 r = c.hub_round(hub, system, pool)
                 exact &= r.exact
                 log.info("rep %d %-16s wall %.2fs total stall %.2fs exact=%s", rep, system, r.seconds,
