@@ -52,11 +52,16 @@ def run_chaos(kills: int = 30, hub_kills: int = 2, seed: int = 0, readers: int =
     workers: list[WorkerProcess] = []
     n = 0
 
+    spares: list[WorkerProcess] = []
+
     def spawn(name: str, **join) -> WorkerProcess:
+        """A new worker: a spare process started earlier (its imports are done), joined now."""
         nonlocal n
         n += 1
-        w = WorkerProcess(address, token, cfg, name=f"{name}{n}")
+        w = spares.pop(0) if spares else WorkerProcess(address, token, cfg, name=f"{name}{n}")
         workers.append(w)
+        spares.append(WorkerProcess(address, token, cfg, name=f"spare{n}"))  # warms up while we wait
+        w.name = f"{name}{n}"
         w.join(**join)
         return w
 
@@ -142,7 +147,7 @@ def run_chaos(kills: int = 30, hub_kills: int = 2, seed: int = 0, readers: int =
             if not r["ok"]:
                 errors["publish:" + r["error"]] = errors.get("publish:" + r["error"], 0) + 1
     finally:
-        close_all(workers)
+        close_all(workers + spares)
         hub.kill()
         hub.wait()
     out = dict(counts)
