@@ -22,7 +22,7 @@ import logging
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -210,6 +210,22 @@ class TrainerBackend:
 
     def load_checkpoint(self, path: str) -> None:
         raise NotImplementedError
+
+    # ---- elastic group (docs/elastic.md) ----------------------------------------------------------
+    def reform(self, dist: Any, load_weights: Callable[[dict[str, torch.Tensor]], int],
+               model_factory: Callable[[], torch.nn.Module]) -> int:
+        """Leave the current process group, join `dist` (a new size and port), and fill the policy's
+        weights with `load_weights(name -> tensor to write)`, which returns their version (it becomes
+        `self.version`). Every rank of the new group calls it; the optimizer is left as it was."""
+        raise NotImplementedError
+
+    def reset_optimizer(self) -> None:
+        """Fresh optimizer state (moments zero, step 0) over the current parameters."""
+        raise NotImplementedError
+
+    def load_optimizer_state(self, path: str) -> bool:
+        """Optimizer state only (no weights) from checkpoint `path`; False if this backend cannot."""
+        return False
 
 
 def _first_of_each_group(group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

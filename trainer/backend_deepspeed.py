@@ -18,6 +18,16 @@ Weights for the hub (`named_parameters_for_sync`):
   buffers keep their identity across calls, so the hub can register them once; they change only
   inside this call.
 
+Elastic (`reform`), every ZeRO stage 0-3: a DeepSpeed engine is built for one world size (ZeRO
+partitions, its flat buffers, its groups), so a new size means a new engine. The old engine and
+process group are dropped, the new group joins, a fresh module is built (`model_factory`), the hub
+writes the weights into its parameters, and only then `deepspeed.initialize` wraps it, so ZeRO's
+fp32 partitions and ZeRO-3's parameter shards are cut from the hub's bytes. The optimizer state is
+always re-initialized (a logged warning): ZeRO 1-3 keep it in per-rank shards laid out for the old
+world size (re-sharding needs DeepSpeed's universal-checkpoint conversion), and stage 0 stores it in
+the same file as the module weights. A critic (PPO) is not carried over: elastic PPO needs the
+torch backend.
+
 Checkpoints use DeepSpeed's own format (`engine.save_checkpoint`), which handles every stage and
 sharded optimizer state; there is no in-memory `state_dict()` on this backend.
 """
@@ -27,12 +37,13 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import torch
 
 from .backend import TrainerBackend
-from .distributed import DistConfig, export_env
+from .distributed import DistConfig, export_env, leave_process_group
 
 log = logging.getLogger(__name__)
 
@@ -66,11 +77,20 @@ class DeepSpeedBackend(TrainerBackend):
         return cfg
 
     def _setup(self, model: torch.nn.Module, critic: torch.nn.Module | None) -> None:
+        self._join(self.config.dist.resolved())
+        self._initialize(model, critic)
+
+    def _join(self, dist: DistConfig) -> None:
         import deepspeed  # imported here: it takes seconds and logs at import
 
-        self.dist = self.config.dist.resolved()
-        export_env(self.dist)
-        deepspeed.init_distributed(dist_backend=self.dist.backend, auto_mpi_discovery=False)
+        self.dist = dist
+        export_env(dist)
+        kw = {"timeout": timedelta(seconds=dist.timeout_s)} if dist.timeout_s else {}
+        deepspeed.init_distributed(dist_backend=dist.backend, auto_mpi_discovery=False, **kw)
+
+    def _initialize(self, model: torch.nn.Module, critic: torch.nn.Module | None) -> None:
+        import deepspeed
+
         self._module = model
         self._engine, self.optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=self.config.optimizer.build(model.parameters()),
@@ -83,6 +103,31 @@ class DeepSpeedBackend(TrainerBackend):
         if self.ref_model is not None and self.config.zero_stage == 3:
             log.warning("the reference model is kept whole on every rank (not ZeRO-3 sharded)")
         self._sync_buffers: dict[str, torch.Tensor] | None = None
+
+    def reform(self, dist, load_weights, model_factory) -> int:
+        import deepspeed.comm as dsc
+
+        if self._critic_engine is not None:
+            raise NotImplementedError("elastic DeepSpeed does not carry a critic over (PPO): use trainer.backend=torch")
+        self._engine = self.optimizer = self._module = self._sync_buffers = None
+        if dsc.is_initialized():
+            try:
+                dsc.destroy_process_group()  # also drops DeepSpeed's cached groups
+            except Exception as e:  # noqa: BLE001 - a group whose peer died may not shut down cleanly
+                log.warning("destroying the DeepSpeed process group: %s", e)
+        leave_process_group()
+        self._join(dist.resolved())
+        model = model_factory()
+        # Before initialize: ZeRO cuts its fp32 partitions / ZeRO-3 shards from these bytes.
+        version = int(load_weights({n: p.data for n, p in model.named_parameters()}))
+        self._initialize(model, None)
+        self.version = version
+        log.warning("DeepSpeed re-formed at world size %d: optimizer state re-initialized "
+                    "(ZeRO's optimizer shards are laid out for the old world size)", dist.world_size)
+        return version
+
+    def reset_optimizer(self) -> None:
+        raise NotImplementedError("DeepSpeed: the optimizer is re-initialized by reform()")
 
     @property
     def policy(self) -> torch.nn.Module:

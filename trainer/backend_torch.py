@@ -7,6 +7,14 @@
 `named_parameters_for_sync()` returns the model's live parameter tensors (no copy): the optimizer
 updates them in place, so the hub must release a published version before the next `train_step`.
 
+Elastic (`reform`): tear the process group down, join one of the new size, re-wrap in DDP (whose
+constructor broadcasts the new rank 0's weights: the critic, which the hub does not hold, comes from
+a surviving rank that way), then overwrite the policy's live parameters with the hub's copy. The
+optimizer keeps its state; `reset_optimizer` / `load_optimizer_state` replace it.
+
+Checkpoint files: `model.pt` (weights, critic, version) and `optimizer.pt` (optimizer moments,
+version), so a recovery can read optimizer state without reading any weights from disk.
+
 Simplifies: fp32 on CPU; replicated weights (no sharding: use the DeepSpeed backend for ZeRO).
 """
 
@@ -21,7 +29,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .backend import TrainerBackend
-from .distributed import DistConfig, init_process_group
+from .distributed import DistConfig, init_process_group, leave_process_group
 
 log = logging.getLogger(__name__)
 
@@ -33,16 +41,44 @@ class TorchBackend(TrainerBackend):
         """Process group; world_size 1 runs without one."""
 
     def _setup(self, model: torch.nn.Module, critic: torch.nn.Module | None) -> None:
-        self.dist = self.config.dist.resolved()
         self._model, self._critic = model, critic
-        self._policy, self._critic_wrapped = model, critic
-        if self.dist.world_size > 1:
-            init_process_group(self.dist)
+        self._wrap(self.config.dist.resolved())
+        self.reset_optimizer()
+
+    def _wrap(self, dist: DistConfig) -> None:
+        self.dist = dist
+        self._policy, self._critic_wrapped = self._model, self._critic
+        if dist.world_size > 1:
+            init_process_group(dist)
             # DDP broadcasts rank 0's weights at construction: every rank starts identical.
-            self._policy = DDP(model)
-            self._critic_wrapped = DDP(critic) if critic is not None else None
-        self.optimizer = self.config.optimizer.build(model.parameters())
-        self.critic_optimizer = self.config.critic_optimizer.build(critic.parameters()) if critic is not None else None
+            self._policy = DDP(self._model)
+            self._critic_wrapped = DDP(self._critic) if self._critic is not None else None
+
+    def reform(self, dist, load_weights, model_factory=None) -> int:
+        self._policy = self._critic_wrapped = None  # DDP holds the old group: drop it first
+        for m in (self._model, self._critic):  # a step cut short by a dead peer leaves partial grads
+            for p in (m.parameters() if m is not None else ()):
+                p.grad = None
+        leave_process_group()
+        self._wrap(dist.resolved())
+        # Into the live parameters (the optimizer's): every rank gets the same bytes from the hub.
+        self.version = int(load_weights(self.named_parameters_for_sync()))
+        return self.version
+
+    def reset_optimizer(self) -> None:
+        self.optimizer = self.config.optimizer.build(self._model.parameters())
+        self.critic_optimizer = (self.config.critic_optimizer.build(self._critic.parameters())
+                                 if self._critic is not None else None)
+
+    def load_optimizer_state(self, path: str) -> bool:
+        f = os.path.join(path, "optimizer.pt")
+        if not os.path.isfile(f):
+            return False
+        sd = torch.load(f, weights_only=True)
+        self.optimizer.load_state_dict(sd["optimizer"])
+        if self._critic is not None and "critic_optimizer" in sd:
+            self.critic_optimizer.load_state_dict(sd["critic_optimizer"])
+        return True
 
     @property
     def policy(self) -> torch.nn.Module:
@@ -102,10 +138,18 @@ class TorchBackend(TrainerBackend):
     def save_checkpoint(self, path: str) -> None:
         if self.dist.rank == 0:  # replicated weights: one copy is the whole state
             os.makedirs(path, exist_ok=True)
-            torch.save(self.state_dict(), os.path.join(path, "trainer.pt"))
+            sd = self.state_dict()
+            opt = {k: sd.pop(k) for k in ("optimizer", "critic_optimizer") if k in sd}
+            torch.save(sd, os.path.join(path, "model.pt"))
+            torch.save({"version": sd["version"], **opt}, os.path.join(path, "optimizer.pt"))
 
     def load_checkpoint(self, path: str) -> None:
-        self.load_state_dict(torch.load(os.path.join(path, "trainer.pt"), weights_only=True))
+        legacy = os.path.join(path, "trainer.pt")  # one file (weights + optimizer), before the split
+        if os.path.isfile(legacy):
+            return self.load_state_dict(torch.load(legacy, weights_only=True))
+        sd = torch.load(os.path.join(path, "model.pt"), weights_only=True)
+        sd.update(torch.load(os.path.join(path, "optimizer.pt"), weights_only=True))
+        self.load_state_dict(sd)
 
 
 def _clone(obj: Any) -> Any:

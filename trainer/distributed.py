@@ -3,7 +3,8 @@
     init_process_group(DistConfig(world_size=2, rank=r, master_port=p))   # or DistConfig(from_env=True)
 
 Simplifies: one default process group per process; calling again with a group already up is a no-op
-(so a backend can be built twice in one process, as tests do).
+(so a backend can be built twice in one process, as tests do). An elastic group re-forms by
+`leave_process_group()` then `init_process_group` at the new size on a new port: gloo groups cannot shrink.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import logging
 import os
 import socket
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch.distributed as dist
 
@@ -34,6 +36,9 @@ class DistConfig:
     """torch.distributed backend; gloo is the one that works on CPU."""
     from_env: bool = False
     """Read RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT from the environment (torchrun, Ray)."""
+    timeout_s: float | None = None
+    """Deadline of one collective (and of the rendezvous); None: torch's default (30 min for gloo).
+    An elastic group sets it short, so a rank blocked on a dead peer fails instead of hanging."""
 
     def resolved(self) -> "DistConfig":
         if not self.from_env:
@@ -41,7 +46,7 @@ class DistConfig:
         env = os.environ
         return DistConfig(world_size=int(env["WORLD_SIZE"]), rank=int(env["RANK"]),
                           local_rank=int(env.get("LOCAL_RANK", 0)), master_addr=env["MASTER_ADDR"],
-                          master_port=int(env["MASTER_PORT"]), backend=self.backend)
+                          master_port=int(env["MASTER_PORT"]), backend=self.backend, timeout_s=self.timeout_s)
 
 
 def export_env(cfg: DistConfig) -> None:
@@ -61,8 +66,18 @@ def init_process_group(cfg: DistConfig) -> DistConfig:
     export_env(cfg)
     log.info("joining %s process group: rank %d/%d via %s:%d", cfg.backend, cfg.rank, cfg.world_size,
              cfg.master_addr, cfg.master_port)
-    dist.init_process_group(cfg.backend, rank=cfg.rank, world_size=cfg.world_size)
+    kw = {"timeout": timedelta(seconds=cfg.timeout_s)} if cfg.timeout_s else {}
+    dist.init_process_group(cfg.backend, rank=cfg.rank, world_size=cfg.world_size, **kw)
     return cfg
+
+
+def leave_process_group() -> None:
+    """Tear down this process's default group (if any), e.g. after a peer died, before re-forming."""
+    if dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception as e:  # noqa: BLE001 - a group whose peer died may fail to shut down cleanly
+            log.warning("destroying the process group: %s", e)
 
 
 def free_port() -> int:

@@ -1,0 +1,75 @@
+"""The elastic trainer group's configuration and its pure logic (no Ray, no I/O).
+
+    cfg = ElasticConfig(enabled=True)                       # trainer.elastic.enabled=true
+    churn = TrainerChurnConfig(kill_at=[6], join_at=[10])   # trainer.churn.kill_at=[6] ...
+    split_groups(list(range(5)), 2)                         # [[0, 1, 2], [3, 4]]: whole groups per rank
+    churn.kills_during(6)                                   # 1: kill one rank while step 6 trains
+
+What the group does with them is rlsync/trainer_group.py; the rule and the commands are docs/elastic.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence, TypeVar
+
+__all__ = ["ElasticConfig", "TrainerChurnConfig", "split_groups", "OPTIMIZER_STATE"]
+
+T = TypeVar("T")
+
+OPTIMIZER_STATE = ("checkpoint", "reinit")
+
+
+@dataclass(kw_only=True)
+class ElasticConfig:
+    enabled: bool = False
+    """Re-form the trainer group when a rank dies (and admit ranks added mid-run) instead of ending the run."""
+    optimizer_state: str = "checkpoint"
+    """After a re-form: `checkpoint` loads the optimizer state (only; weights come from the hub) of the
+    newest committed checkpoint, or re-initializes it with a warning when there is none or the backend
+    cannot (DeepSpeed); `reinit` always starts it fresh (warning)."""
+    collective_timeout_s: float = 30.0
+    """Gloo timeout of the group's collectives: a rank blocked on a dead peer fails after this long at most."""
+    min_world_size: int = 1
+    """Fewest ranks the group may shrink to; below it the run ends (RunError)."""
+    max_recoveries: int = 8
+    """Re-forms after a loss the run may take before it gives up."""
+    ping_timeout_s: float = 10.0
+    """How long a rank has to answer the liveness probe after a failed step before it counts as lost."""
+
+
+@dataclass(kw_only=True)
+class TrainerChurnConfig:
+    """Injected trainer churn (tests, demos): deterministic, by step."""
+
+    kill_at: list[int] = field(default_factory=list)
+    """Kill one trainer rank without notice (`ray.kill`) while this step trains (step s publishes version s)."""
+    kill_rank: int = -1
+    """Which rank such a kill hits (-1: the last one; 0: the publisher)."""
+    join_at: list[int] = field(default_factory=list)
+    """Start a new trainer worker after this step closes; it joins at the first step boundary once ready."""
+    wait_for_join: bool = False
+    """The next step boundary waits for a worker the schedule added to be ready (deterministic tests);
+    off: training goes on and the worker joins at the first boundary it is ready by."""
+
+    def kills_during(self, step: int) -> int:
+        return self.kill_at.count(step)
+
+    def joins_after(self, step: int) -> int:
+        return self.join_at.count(step)
+
+
+def split_groups(items: Sequence[T], ranks: int) -> list[list[T]]:
+    """Whole prompt groups over `ranks`, in order, sizes differing by at most one (a re-formed group
+    may not divide the batch evenly). Every rank gets at least one group when there are enough."""
+    if ranks < 1:
+        raise ValueError("ranks must be >= 1")
+    if len(items) < ranks:
+        raise ValueError(f"{len(items)} prompt groups cannot feed {ranks} trainer ranks")
+    per, extra = divmod(len(items), ranks)
+    out, i = [], 0
+    for r in range(ranks):
+        n = per + (r < extra)
+        out.append(list(items[i:i + n]))
+        i += n
+    return out
