@@ -214,6 +214,8 @@ class PoolSet:
         """Start every configured pool's workers, the seed workers and the registry (asynchronous)."""
         c = self.cfg
         for name, p in c.pools.items():
+            if p.policy == "fixed" and p.size == 0:
+                continue  # a default pool a recipe switched off (`pools.main.size: 0`)
             pool = RolloutPool(name, p, self._group(name))
             if p.policy == "spot":
                 pool.schedule = ChurnSchedule.build(p.churn, name, c.steps)

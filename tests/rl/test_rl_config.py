@@ -9,7 +9,7 @@ from hydra.errors import ConfigCompositionException
 import rlsync.config as config_module
 from rlsync.config import TrainConfig, register_configs, to_config
 
-RECIPES = ["grpo_standalone", "ppo_standalone", "grpo_smollm2", "tiny_e2e"]
+RECIPES = ["grpo_standalone", "ppo_standalone", "grpo_smollm2", "tiny_e2e", "grpo_elastic", "grpo_crossdc"]
 
 
 def _compose(*overrides):
