@@ -21,8 +21,12 @@ Rollout pools are elastic (rlsync/pools.py): a `PoolSet` starts them, runs their
 autoscale rule after each step, adopts pools attached with `python -m rlsync.pool join`, and turns
 joins and leaves into refs this loop waits on with the rest, so the loop never blocks on one worker.
 
-Simplifies: a dead rollout worker is dropped from its pool (its prompts are lost, counted); the
-trainer group is not elastic yet (a dead rank ends the run with an error).
+The trainer ranks are a `TrainerGroup` (rlsync/trainer_group.py). Static by default: a dead rank
+ends the run. With `trainer.elastic.enabled=true` a failed step re-forms the group at the new world
+size with the hub's latest committed weights, and the loop trains the same batch again (or counts
+the step if it had committed); ranks added mid-run join at a step boundary (docs/elastic.md).
+
+Simplifies: a dead rollout worker is dropped from its pool (its prompts are lost, counted).
 """
 
 from __future__ import annotations
