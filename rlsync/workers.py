@@ -335,6 +335,7 @@ class RolloutWorker:
         for attempt in range(attempts):
             try:
                 with self.clock.state("loading_weights"):
+                    self._release_held(name)
                     return self.hub.fetch(name, "latest", into=self.engine.named_parameters_for_sync())
             except (E.VersionLostError, E.VersionNotRetainedError, E.TransferError) as e:
                 self.engine.version = -1  # the buffers may hold a mix now
@@ -343,6 +344,20 @@ class RolloutWorker:
                 with self.clock.state("waiting_weights"):
                     time.sleep(min(2.0, 0.05 * 2 ** attempt))
         raise RuntimeError(f"could not fetch {name!r} latest in {attempts} attempts")
+
+    def _release_held(self, name: str) -> None:
+        """Release the version our buffers hold before asking for the next one (a hub race, docs/rl.md).
+
+        The hub advertises this worker as a relay of the new version the moment it plans the fetch,
+        but our data server holds that relay only after the plan is back and the old version in the
+        same buffers is released (which waits for its readers to drain). A reader planned on us in
+        between is refused, marks us suspect and re-plans, across the DC link when we are its only
+        in-DC source. Releasing first shrinks that window to one RPC reply.
+        """
+        for rid in self.hub.held():
+            _, model, version, _, slot = rid.split(":")
+            if model == name and slot == "live":
+                self.hub.release(name, int(version))
 
     def rollout(self, prompts: list, min_version: int) -> dict[str, Any]:
         """Sample `group_size` responses per prompt with weights of version >= min_version, score them.
