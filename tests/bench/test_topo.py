@@ -118,3 +118,29 @@ def test_small_fanout_moves_exact_bytes_across_namespaces():
         assert all(sum(src.values()) == c.nbytes for src in p2p.sources.values())
         assert c.transport in ("tcp", "tcp-py")
     assert list_namespaces(tag) == []
+
+
+@needs_root
+@pytest.mark.parametrize("scenario", ["standalone", "elastic", "crossdc"])
+def test_small_workload_scenarios_exact_and_clean(scenario):
+    """Each workload scenario, tiny (1 MiB, 2-3 workers, fast links): bytes exact, ratio present,
+    no namespace left behind. No timing assertion: benchmarks report figures, tests check them."""
+    from rlsync.bench import scenarios_workloads as w
+    from rlsync.bench.cluster import BenchConfig
+
+    cfg = BenchConfig(model_mib=1, nic_rate="400mbit", chunk_mib=0.25)
+    before = set(list_namespaces())
+    if scenario == "standalone":
+        res = w.run_standalone(cfg, rollouts=2, steps=1, train_s=0.3, gen_s=0.1)
+        key = "speedup_vs_gloo_broadcast"
+    elif scenario == "elastic":
+        res = w.run_elastic(cfg, holders=1, joiners=2, reps=1)
+        key = "speedup_vs_p2p"
+    else:
+        res = w.run_crossdc(cfg, rollouts=2, dc_ratio=0.25, reps=1)
+        key = "speedup_vs_per_worker_pull"
+        assert all(sum(b.values()) == res["config"]["model_bytes"]
+                   for r in res["last_rep"].values() for b in r["sources"].values())
+    assert res["exact"] is True
+    assert res[key] is not None and res[key] > 0
+    assert set(list_namespaces()) <= before
