@@ -405,18 +405,23 @@ class HubClient:
         fid, ver = plan["fetch_id"], plan["version"]
         if plan.get("held"):
             return self._already_held(model, ver, shard, into, t0)
+        rid = f"{wid}:{model}:{ver}:{shard.key}:live"
         try:
             manifest = Manifest.from_wire(plan["manifest"])
             if into is not None:
                 cuda.check_into(manifest, into)
-                self._release_overlapping(into)
             dest_tensors = dict(into) if into is not None else allocate(manifest)
-            rid = f"{wid}:{model}:{ver}:{shard.key}:live"
             dest = cuda.make_replica(rid, manifest, dest_tensors, full=False)
+            # The hub already advertises this relay: serve it at once (no unit is present yet, so
+            # its readers wait on the condition variable), then release whatever version these
+            # buffers held before writing into them (the mutability contract).
+            self.store.add(dest)
+            if into is not None:
+                self._release_overlapping(into)
         except BaseException:
+            self.store.remove(rid)
             self._fetch_done(fid, ok=False)
             raise
-        self.store.add(dest)
         per_source: dict[str, int] = {}
         used: dict[str, str] = {}
         sources, attempts = plan["sources"], 0
