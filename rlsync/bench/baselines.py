@@ -8,7 +8,7 @@
   It runs on rlsync's own data plane (same native TCP engine, same streams, same verification),
   with a hub whose planner may only pick sources on the trainer's host (`PinnedSourcePlanner`):
   the only difference from rlsync is who serves, which is what the comparison is about.
-- Ray's object store — storage's shape: see `rlsync.bench.raybase` notes in the scenario output.
+- Ray's object store — storage's shape: `rlsync.bench.raybase` (a Ray node per namespace).
 
 Functions decorated with `@command` run inside an agent process (`rlsync.bench.nsagent`).
 """
