@@ -70,6 +70,14 @@ def write_job_file(run_dir: Path, info: dict[str, Any]) -> Path:
     return path
 
 
+def _ray_auth_token() -> str | None:
+    """The Ray token this process uses (Ray 2.60's token auth): a CLI started elsewhere presents the same."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return os.environ["RAY_AUTH_TOKEN"]
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+    return path.read_text().strip() if path.exists() else None
+
+
 def read_job_file(job: str | os.PathLike | None) -> dict[str, Any]:
     """The job file of RUN_DIR `job` (or of $RLSYNC_JOB, or of the job started last on this machine)."""
     if job is None:
@@ -246,7 +254,8 @@ class PoolSet:
     def write_job_file(self) -> Path:
         info = {"ray_address": ray.get_runtime_context().gcs_address, "namespace": self.namespace,
                 "hub_address": self.addr, "hub_token": self.tok, "model": self.cfg.hub.model_name,
-                "run_dir": str(self.run_dir.resolve()), "driver_pid": os.getpid(),
+                "run_dir": str(self.run_dir.resolve()), "driver_pid": os.getpid(), "ray_auth_mode": os.environ.get("RAY_AUTH_MODE"),
+                "ray_auth_token": _ray_auth_token(),
                 "config": json.loads(json.dumps(as_dict(self.cfg), default=str))}
         self.job_file = write_job_file(self.run_dir, info)
         return self.job_file
