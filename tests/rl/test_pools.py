@@ -25,12 +25,13 @@ def _fetches(run_dir):
 
 
 def _spot_cfg(tiny_cfg, **over):
-    cfg = tiny_cfg(steps=22, **{"inject.generate_delay_s": 0.4, "hub.worker_timeout_s": 3.0,
+    # 3 workers so both preemptions can happen before the joiners (slow to start on a loaded machine) are up.
+    cfg = tiny_cfg(steps=45, **{"inject.generate_delay_s": 0.3, "hub.worker_timeout_s": 3.0,
                                 "rollout.eager_fetch": True, "trainer.location.rack": "train", **over})
-    spot = PoolConfig(size=2, policy="spot", max_size=4, min_size=1)
+    spot = PoolConfig(size=3, policy="spot", max_size=5, min_size=1)
     spot.location.rack = "spot"
     c = spot.churn
-    c.seed, c.preemptions, c.notice_fraction, c.notice_s, c.joins, c.first_step, c.last_step = 3, 3, 0.67, 5.0, 2, 2, 6
+    c.seed, c.preemptions, c.notice_fraction, c.notice_s, c.joins, c.first_step, c.last_step = 3, 2, 0.5, 5.0, 2, 2, 6
     cfg.pools = {"spot": spot}
     return cfg
 
