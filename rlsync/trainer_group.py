@@ -229,8 +229,16 @@ class TrainerGroup:
         ckpt = self.checkpoint_dir() if self.elastic.optimizer_state == "checkpoint" else None
         keys = list(self.members)
         log.info("re-forming the trainer group (%s): %d ranks %s on port %d", reason, n, keys, port)
-        res = self.call("reform", list(range(n)), [n] * n, [port] * n, [ckpt] * n,
-                        timeout_s=self.elastic.collective_timeout_s + 120)
+        try:
+            res = self.call("reform", list(range(n)), [n] * n, [port] * n, [ckpt] * n,
+                            timeout_s=self.elastic.collective_timeout_s + 120)
+        except TrainerGroupError as e:
+            if "VersionLostError" in str(e):
+                raise TrainerGroupError(
+                    "the latest committed version has no live replica left (its only holder was the lost "
+                    "rank, and no rollout worker had fetched it yet): run a seed worker that follows latest "
+                    f"(hub.seed_dcs=[{self.cfg.trainer.location.dc}]); docs/elastic.md") from e
+            raise
         versions = {r["version"] for r in res}
         digests = {r["digest"] for r in res}
         if len(versions) != 1 or len(digests) != 1:
@@ -254,4 +262,6 @@ class TrainerGroup:
 
 
 def _short(e: BaseException) -> str:
-    return str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+    """The exception's own message: for a task error, the last line of the remote traceback."""
+    lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+    return lines[-1].strip()[:300] if lines else type(e).__name__

@@ -117,6 +117,15 @@ class DeepSpeedBackend(TrainerBackend):
                 log.warning("destroying the DeepSpeed process group: %s", e)
         leave_process_group()
         self._join(dist.resolved())
+        if self.config.zero_stage == 3:
+            # ZeRO-3 numbers parameters and modules per process (`ds_id`: a class counter and a mutable
+            # default argument) and checks the numbers agree across ranks: restart both, or a joiner
+            # (fewer engines built so far) disagrees with the survivors at its first gather.
+            from deepspeed.runtime.zero.parameter_offload import DeepSpeedZeRoOffload
+            from deepspeed.runtime.zero.partition_parameters import Init
+
+            Init.param_id = 0
+            DeepSpeedZeRoOffload._register_deepspeed_module.__defaults__[0][0] = 0
         model = model_factory()
         # Before initialize: ZeRO cuts its fp32 partitions / ZeRO-3 shards from these bytes.
         version = int(load_weights({n: p.data for n, p in model.named_parameters()}))
