@@ -343,14 +343,8 @@ class HubState:
                                             f"(latest: {m.latest})")
         srcs = [Source(r.id, r.worker, self.workers[r.worker].location, r.full, self.worker_load(r.worker))
                 for r in cands]
-        crossing = sum(1 for f in self.fetches.values()
-                       if f.model == model and f.version == ver and f.reader in self.workers
-                       and self.workers[f.reader].location.dc == reader.location.dc
-                       and any(self.replicas[s].worker in self.workers and
-                               self.workers[self.replicas[s].worker].location.distance(reader.location) == CROSS_DC
-                               for s in f.sources if s in self.replicas))
         assignment = self.planner.choose_sources(reader.location, srcs, [u.nbytes for u in manifest.units],
-                                                 cross_dc_inflight=crossing)
+                                                 cross_dc_inflight=self._crossing_into(reader, model, ver))
         # -- validated: mutate
         if stale is not None:
             del self.fetches[stale]
@@ -365,6 +359,16 @@ class HubState:
         return Plan(fid, ver, manifest,
                     [(self.replicas[rid], self.workers[self.replicas[rid].worker], units)
                      for rid, units in assignment.items()])
+
+    def _crossing_into(self, reader: WorkerRec, model: str, ver: int, exclude_fetch: str | None = None) -> int:
+        """Open fetches of (model, ver) into the reader's DC that read from another DC."""
+        def crosses(rid: str) -> bool:
+            r = self.replicas.get(rid)
+            return (r is not None and r.worker in self.workers
+                    and self.workers[r.worker].location.distance(reader.location) == CROSS_DC)
+        return sum(1 for f in self.fetches.values()
+                   if f.id != exclude_fetch and f.model == model and f.version == ver and f.reader in self.workers
+                   and self.workers[f.reader].location.dc == reader.location.dc and any(map(crosses, f.sources)))
 
     def _candidates(self, wid: str, model: str, ver: int, shard: str, exclude_fetch: str | None = None,
                     excluded: set[str] = frozenset()) -> list[ReplicaRec]:
@@ -416,7 +420,8 @@ class HubState:
                                      f"failed this fetch can serve its {len(units)} missing units")
         srcs = [Source(r.id, r.worker, self.workers[r.worker].location, r.full, self.worker_load(r.worker))
                 for r in cands]
-        sub = self.planner.choose_sources(reader.location, srcs, [manifest.units[u].nbytes for u in units])
+        sub = self.planner.choose_sources(reader.location, srcs, [manifest.units[u].nbytes for u in units],
+                                          cross_dc_inflight=self._crossing_into(reader, f.model, f.version, fid))
         assignment = {rid: [units[i] for i in idx] for rid, idx in sub.items()}
         for rid, us in assignment.items():
             f.sources[rid] = sorted(set(f.sources.get(rid, [])) | set(us))
