@@ -48,6 +48,9 @@ class BenchConfig:
     """'tcp' (native), 'tcp-py', or 'auto': tcp if built, else tcp-py. Never shm: it bypasses the links."""
     fanout_cap: int = 1
     """rlsync's planner fan-out cap: 1 turns a crowd of readers into a pipelined relay chain."""
+    io_timeout_s: float = 120.0
+    """Data-plane idle timeout. Many flows on one slow shaped link can starve one for > 30 s (the
+    default), which would fail the per-worker-pull baseline rather than measure it."""
     seed: int = 0
 
     def rlsync_planner(self) -> dict:
@@ -155,7 +158,8 @@ class BenchCluster:
         hub, hs = self.hubs[client], self.topo.host(host)
         return {"client": client, "address": hub["address"], "token": hub["token"], "ip": self.topo.ip(host),
                 "location": {"dc": hs.dc, "rack": hs.rack, "host": host}, "transport": self.transport,
-                "streams": self.cfg.streams, "chunk_mib": self.cfg.chunk_mib, "name": host}
+                "streams": self.cfg.streams, "chunk_mib": self.cfg.chunk_mib,
+                "io_timeout_s": self.cfg.io_timeout_s, "name": host}
 
     def join_all(self, client: str, hosts: list[str]) -> None:
         futs = [self.agents[h].submit("join", **self.join_args(client, h)) for h in hosts]

@@ -146,11 +146,12 @@ def _hub_stats(name: str) -> dict:
 
 @command("join")
 def _join(client: str, address: str, token: str, ip: str, location: dict, transport: str | None = None,
-          streams: int = 2, chunk_mib: float = 8.0, name: str = "worker") -> str:
+          streams: int = 2, chunk_mib: float = 8.0, io_timeout_s: float = 30.0, name: str = "worker") -> str:
     from rlsync.hub import ClientConfig, HubClient, Location, ManifestConfig
     from rlsync.hub.dataplane import DataPlaneConfig
 
-    cfg = ClientConfig(transport=transport, dataplane=DataPlaneConfig(host=ip, streams=streams),
+    cfg = ClientConfig(transport=transport, dataplane=DataPlaneConfig(host=ip, streams=streams,
+                                                                   io_timeout_s=io_timeout_s),
                        manifest=ManifestConfig(chunk_bytes=int(chunk_mib * (1 << 20))))
     c = HubClient(address, token, config=cfg)
     wid = c.join(Location(**location), name=name)
