@@ -40,6 +40,9 @@ class DataPlaneConfig:
     streams: int = 2
     """Parallel connections per source a reader opens, units striped over them (capped by the
     transport's `max_streams`: 1 for tcp-py and shm, whose per-unit verification holds the GIL)."""
+    register_wait_s: float = 5.0
+    """How long a request with a valid ticket waits for a relay the hub advertised but this worker has
+    not registered yet (it is still receiving its own plan)."""
     serve_delay_s: float = 0.0
     """Fault injection for tests: sleep before sending each unit (a slow source). Keep 0."""
 
@@ -141,7 +144,7 @@ class DataServer:
         if self.verifier is None or self.worker_id is None:
             raise E.TicketError("this data-plane server has not joined a hub yet")
         self.verifier.verify(ticket, source=self.worker_id, replica=replica_id)
-        rep = self.store.get(replica_id)
+        rep = self.store.get_or_wait(replica_id, self.cfg.register_wait_s)
         if rep is None:
             raise E.TicketError(f"replica {replica_id} is not held here (released)")
         n = len(rep.manifest.units)

@@ -87,20 +87,44 @@ class ReplicaStore:
     """replica_id -> LocalReplica, shared by the client and its data-plane server threads."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self._replicas: dict[str, LocalReplica] = {}
+        self._gone: dict[str, None] = {}  # recently removed ids (bounded, insertion-ordered)
 
     def add(self, rep: LocalReplica) -> None:
         with self._lock:
             self._replicas[rep.id] = rep
+            self._gone.pop(rep.id, None)
+            self._lock.notify_all()
 
     def get(self, replica_id: str) -> LocalReplica | None:
         with self._lock:
             return self._replicas.get(replica_id)
 
+    def get_or_wait(self, replica_id: str, timeout_s: float) -> LocalReplica | None:
+        """The replica, waiting up to `timeout_s` for one not registered yet.
+
+        The hub advertises a reader's relay when it plans the fetch, a moment before the reader
+        hears the plan and registers the relay here; a downstream reader (with a valid ticket) may
+        arrive in between. A replica removed here recently is answered at once: it is not coming back.
+        """
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while replica_id not in self._replicas and replica_id not in self._gone:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._lock.wait(left)
+            return self._replicas.get(replica_id)
+
     def remove(self, replica_id: str) -> LocalReplica | None:
         with self._lock:
-            return self._replicas.pop(replica_id, None)
+            rep = self._replicas.pop(replica_id, None)
+            self._gone[replica_id] = None
+            while len(self._gone) > 4096:
+                self._gone.pop(next(iter(self._gone)))
+            self._lock.notify_all()
+            return rep
 
     def all(self) -> list[LocalReplica]:
         with self._lock:
