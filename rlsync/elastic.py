@@ -35,6 +35,10 @@ class ElasticConfig:
     max_recoveries: int = 8
     """Re-forms after a loss the run may take before it gives up."""
     ping_timeout_s: float = 10.0
+    backup_replica: bool = True
+    """With >= 2 ranks, rank 1 fetches every version rank 0 publishes into a host copy it keeps serving
+    until the next one (one model copy per step): losing the publisher never loses the latest committed
+    version, even before any rollout worker has fetched it."""
     """How long a rank has to answer the liveness probe after a failed step before it counts as lost."""
 
 

@@ -205,7 +205,9 @@ class TrainerGroup:
         # group's collective timeout bounds a rank that waits on one anyway.
         by_key = dict(zip(self.members, refs))
         alive_refs = [by_key[k] for k in self.members if k not in lost and k in by_key]
-        _, stuck = ray.wait(alive_refs, num_returns=len(alive_refs), timeout=self.elastic.collective_timeout_s + 30)
+        stuck = []
+        if alive_refs:
+            _, stuck = ray.wait(alive_refs, num_returns=len(alive_refs), timeout=self.elastic.collective_timeout_s + 30)
         for key, ref in by_key.items():
             if ref in stuck:
                 lost.append(key)

@@ -140,7 +140,8 @@ class TrainerWorker:
         self.hub = (_hub_client(cfg, hub_address, hub_token, t.location, self.worker_id)
                     if self.rank == 0 or elastic else None)
         self.published: int | None = None
-        self._ckpt_digest = None
+        self._backup: dict[str, torch.Tensor] | None = None  # rank 1's hub replica of the last publish
+        self._backup_version: int | None = None
 
     def ready(self) -> dict:
         """Parameter names and shapes (metadata only: the driver's no-weights-through-Ray audit)."""
@@ -169,6 +170,16 @@ class TrainerWorker:
         got = {}
 
         def load_weights(into: dict[str, torch.Tensor]) -> int:
+            latest = self.hub.latest(name)
+            if latest is not None and latest == self._backup_version:
+                # This rank holds `latest` already, as its backup replica (fetched through the hub at
+                # publish time): copy it, since a worker cannot hold two replicas of one version.
+                t = time.perf_counter()
+                for n, x in into.items():
+                    x.copy_(self._backup[n])
+                got.update(version=latest, bytes_by_source={self.hub.worker_id: _nbytes(into)},
+                           seconds=time.perf_counter() - t, digest=weights_digest(into))
+                return latest
             r = self.hub.fetch(name, "latest", into=into)
             got.update(version=r.version, bytes_by_source=dict(r.bytes_by_source), seconds=r.seconds,
                        digest=weights_digest(into))
@@ -199,7 +210,8 @@ class TrainerWorker:
         """Register the current weights in the hub as version `backend.version` (no copy)."""
         tensors = self.backend.named_parameters_for_sync()  # a collective under ZeRO-3: every rank calls
         v = self.backend.version
-        nbytes = sum(x.numel() * x.element_size() for x in tensors.values())
+        nbytes = _nbytes(tensors)
+        self._sync_meta = {n: (tuple(x.shape), x.dtype) for n, x in tensors.items()}
         out = {"version": v, "bytes": nbytes}
         if self.rank == 0:
             self.hub.publish(self.cfg.hub.model_name, v, {k: x.contiguous() for k, x in tensors.items()})
@@ -226,7 +238,26 @@ class TrainerWorker:
         m["version"] = pub["version"]
         if "digest" in pub:
             m["digest"] = pub["digest"]
+        if self.cfg.trainer.elastic.enabled:
+            with self.clock.state("loading_weights"):
+                self._keep_backup(pub["version"])
         return m
+
+    def _keep_backup(self, version: int) -> None:
+        """Rank 1 fetches the version rank 0 just published (after a barrier: it is committed) into its
+        backup buffers, which releases the previous one; other ranks drop any backup they still hold."""
+        name, dist = self.cfg.hub.model_name, torch.distributed
+        on = self.cfg.trainer.elastic.backup_replica and dist.is_initialized() and dist.get_world_size() > 1
+        if on:
+            dist.barrier()
+        if on and self.rank == 1:
+            if self._backup is None:
+                self._backup = {n: torch.empty(s, dtype=d) for n, (s, d) in self._sync_meta.items()}
+            self.hub.fetch(name, version, into=self._backup)
+            self._backup_version = version
+        elif self._backup_version is not None:
+            self.hub.release(name, self._backup_version)
+            self._backup = self._backup_version = None
 
     def save_checkpoint(self, path: str) -> None:
         self.backend.save_checkpoint(path)
@@ -239,6 +270,10 @@ class TrainerWorker:
     def shutdown(self) -> None:
         if self.hub is not None:
             self.hub.leave()
+
+
+def _nbytes(tensors: dict[str, torch.Tensor]) -> int:
+    return sum(x.numel() * x.element_size() for x in tensors.values())
 
 
 def weights_digest(tensors: dict[str, torch.Tensor]) -> str:

@@ -72,7 +72,7 @@ def test_deepspeed_zero3_group_loses_a_rank_and_takes_a_new_one(ray_address, tin
     """ZeRO-3 (parameters sharded): each re-form builds a new engine whose shards are cut from the hub's bytes."""
     cfg = _elastic_cfg(tiny_cfg, steps=8, prompts=8, **{"trainer.backend": "deepspeed", "trainer.zero_stage": 3,
                                              "trainer.churn.kill_at": [3], "trainer.churn.join_at": [5],
-                                             "trainer.churn.wait_for_join": True})
+                                             "trainer.churn.wait_for_join": True, "trainer.churn.kill_rank": 0})
     Driver(cfg, cfg.run_dir).run()
     rows = read_jsonl(f"{cfg.run_dir}/metrics.jsonl")
     assert [r["version"] for r in rows] == list(range(1, 9))
@@ -81,4 +81,9 @@ def test_deepspeed_zero3_group_loses_a_rank_and_takes_a_new_one(ray_address, tin
     loss, join = _events(cfg.run_dir)
     assert (loss["version"], loss["world_size"], join["version"], join["world_size"]) == (2, 1, 5, 2)
     for ev in (loss, join):
-        assert ev["digest"] == ev["published_digest"] and ev["from_trainers"] == 0
+        assert ev["digest"] == ev["published_digest"]
+    # The publisher (rank 0) was the one killed. Rank 1 held v2 as its backup replica (fetched through
+    # the hub when rank 0 published it), so v2 outlived rank 0 whether or not a rollout had fetched it;
+    # the survivor copied it from there. The joiner's weights came from rollout replicas.
+    assert loss["members"] == ["trainer-1"] and loss["from_trainers"] == 4 * 133_440
+    assert join["from_trainers"] == 0
