@@ -3,7 +3,8 @@
     python -m rlsync.bench transfer --size 1GiB --json outputs/bench/transfer.json
 
 Contenders, all measured in one run, each moving `--size` bytes from one process to another:
-- rlsync `tcp` (native engine) with 1 and with `DataPlaneConfig.streams` parallel streams,
+- rlsync `tcp` (native engine) with 1 and with `DataPlaneConfig.streams` parallel streams (and
+  the latter again with the source's zero-copy send, `NativeTcpTransport.zero_copy_send`),
   rlsync `tcp-py` and rlsync `shm`: a source process holds the bytes as a full replica behind a real
   `DataServer`; this process reads them with `read_from_source` into its own buffers — the same
   request framing, ticket check and per-unit xxh3 verification a fetch does (no control-plane RPC:
@@ -146,8 +147,11 @@ class Contender(ABC):
         pass
 
 
-def _serve_source(size: int, public_key: bytes, pipe) -> None:
-    """Child process: hold `size` bytes as a full replica and serve them until told to stop."""
+def _serve_source(size: int, chunk_bytes: int, public_key: bytes, pipe) -> None:
+    """Child process: hold `size` bytes as a full replica and serve them until told to stop.
+
+    Between reads the parent may send ("zero_copy", bool) to switch the native engine's send mode.
+    """
     import torch
 
     from rlsync.hub.dataplane import DataPlaneConfig, DataServer
@@ -156,11 +160,12 @@ def _serve_source(size: int, public_key: bytes, pipe) -> None:
     from rlsync.hub.tickets import TicketVerifier
     from rlsync.hub.transports import available_transports
     from rlsync.hub.transports.shm import boot_id
+    from rlsync.hub.transports.tcp_native import NativeTcpTransport
 
     block = torch.randint(0, 256, (1 << 20,), dtype=torch.uint8)
     data = block.repeat(size // block.numel() + 1)[:size].clone()  # touched: warm
     tensors = {"weights": data}
-    manifest = build_manifest(tensors, ManifestConfig())
+    manifest = build_manifest(tensors, ManifestConfig(chunk_bytes=chunk_bytes))
     store = ReplicaStore()
     store.add(LocalReplica(_REPLICA, manifest, tensors, full=True))
     server = DataServer(store, DataPlaneConfig())
@@ -168,14 +173,16 @@ def _serve_source(size: int, public_key: bytes, pipe) -> None:
     pipe.send({"endpoint": {"tcp": server.address, "pid": os.getpid(), "boot_id": boot_id(), "host": "local",
                             "transports": available_transports()},
                "manifest": manifest.to_wire()})
-    pipe.recv()  # stop
+    while (msg := pipe.recv()) != "stop":
+        NativeTcpTransport.zero_copy_send = bool(msg[1])
+        pipe.send("ok")
     server.close()
 
 
 class RlsyncSource:
     """The source process every rlsync contender reads from, and the reader-side state they share."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, chunk_bytes: int) -> None:
         import torch
 
         from rlsync.hub.manifest import Manifest
@@ -184,7 +191,7 @@ class RlsyncSource:
         signer = TicketSigner()
         ctx = mp.get_context("spawn")
         self._pipe, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve_source, args=(size, signer.public_bytes, child), daemon=True)
+        self._proc = ctx.Process(target=_serve_source, args=(size, chunk_bytes, signer.public_bytes, child), daemon=True)
         self._proc.start()
         if not self._pipe.poll(300):
             raise RuntimeError("the rlsync source process did not start within 300 s")
@@ -193,12 +200,17 @@ class RlsyncSource:
         self.manifest = Manifest.from_wire(hello["manifest"])
         self.ticket = signer.sign(Ticket("bench", "reader", "source", _REPLICA, time.time() + 24 * 3600))
         self.into = {"weights": torch.zeros(size, dtype=torch.uint8)}  # zeros: pages touched, warm
+        self._zero_copy = False
 
-    def read(self, transport_name: str, streams: int) -> float:
+    def read(self, transport_name: str, streams: int, zero_copy: bool = False) -> float:
         from rlsync.hub.dataplane import read_from_source
         from rlsync.hub.store import LocalReplica
         from rlsync.hub.transports import get_transport
 
+        if zero_copy != self._zero_copy:  # the source's send mode, switched between reads
+            self._pipe.send(("zero_copy", zero_copy))
+            self._pipe.recv()
+            self._zero_copy = zero_copy
         transport = get_transport(transport_name)
         dest = LocalReplica("bench:dest", self.manifest, self.into, full=False)
         units = list(range(len(self.manifest.units)))
@@ -219,9 +231,10 @@ class RlsyncSource:
 
 
 class RlsyncContender(Contender):
-    def __init__(self, source: RlsyncSource, transport: str, streams: int, label: str) -> None:
+    def __init__(self, source: RlsyncSource, transport: str, streams: int, label: str, zero_copy: bool = False,
+                 key: str = "") -> None:
         self.source, self.transport, self.streams, self.name = source, transport, streams, label
-        self.key = transport
+        self.zero_copy, self.key = zero_copy, key or transport
 
     def setup(self) -> None:
         from rlsync.hub.errors import TransportUnavailableError
@@ -235,7 +248,7 @@ class RlsyncContender(Contender):
             raise Skip(f"the source process does not serve {self.transport!r}")
 
     def run_once(self) -> float:
-        return self.source.read(self.transport, self.streams)
+        return self.source.read(self.transport, self.streams, self.zero_copy)
 
 
 def _free_port() -> int:
@@ -320,13 +333,18 @@ class MooncakeContender(Contender):
 
 
 # ---------------------------------------------------------------- the run
-def run(size: int, reps: int, streams: int, skip: set[str], cache: Path, command: str = "") -> dict:
+def run(size: int, reps: int, streams: int, skip: set[str], cache: Path, command: str = "",
+        chunk_bytes: int | None = None) -> dict:
     from rlsync.hub.dataplane import DataPlaneConfig
+    from rlsync.hub.manifest import ManifestConfig
 
-    source = RlsyncSource(size)
+    chunk_bytes = chunk_bytes or ManifestConfig().chunk_bytes
+    source = RlsyncSource(size, chunk_bytes)
     contenders: list[Contender] = [
         RlsyncContender(source, "tcp", 1, "rlsync tcp (native, 1 stream)"),
         RlsyncContender(source, "tcp", streams, f"rlsync tcp (native, {streams} streams)"),
+        RlsyncContender(source, "tcp", streams, f"rlsync tcp (native, {streams} streams, zero-copy send)",
+                        zero_copy=True, key="zero-copy"),
         RlsyncContender(source, "tcp-py", 1, "rlsync tcp-py"),
         RlsyncContender(source, "shm", 1, "rlsync shm"),
         Iperf3Contender(size),
@@ -334,6 +352,7 @@ def run(size: int, reps: int, streams: int, skip: set[str], cache: Path, command
     ]
     if streams == 1:
         contenders.pop(1)
+        contenders[1].name = "rlsync tcp (native, 1 stream, zero-copy send)"
     figures = {c.name: Figure(c.name) for c in contenders}
     running = []
     for c in contenders:
@@ -366,6 +385,7 @@ def run(size: int, reps: int, streams: int, skip: set[str], cache: Path, command
         source.close()
     default = next((f for n, f in figures.items() if n.startswith("rlsync tcp (native") and f"{streams} stream" in n), None)
     one = figures["rlsync tcp (native, 1 stream)"]
+    zc = next((f for n, f in figures.items() if n.endswith("zero-copy send)")), None)
 
     def ratio(a: Figure | None, b: str) -> float | None:
         fb = next((f for n, f in figures.items() if n.startswith(b)), None)
@@ -381,6 +401,7 @@ def run(size: int, reps: int, streams: int, skip: set[str], cache: Path, command
     return {
         "scenario": "transfer",
         "size_bytes": size,
+        "chunk_bytes": chunk_bytes,
         "reps": reps,
         "unit": "GB/s (1e9 bytes/s), median of reps",
         "native_streams": streams,
@@ -390,6 +411,8 @@ def run(size: int, reps: int, streams: int, skip: set[str], cache: Path, command
         "ratio_vs_iperf3": ratio(default, "iperf3"),
         "ratio_vs_mooncake": ratio(default, "Mooncake"),
         "ratio_vs_iperf3_1stream": ratio(one, "iperf3"),
+        "ratio_zero_copy_vs_copy": ratio(zc, default.name if default else "-"),
+        "paired_ratio_zero_copy_vs_copy": paired(zc, default.name if default else "-"),
         "ratio_vs_mooncake_1stream": ratio(one, "Mooncake"),
         "ratio_vs_tcp_py": ratio(default, "rlsync tcp-py"),
         "paired_ratio_vs_iperf3": paired(default, "iperf3"),
@@ -420,7 +443,8 @@ def print_table(res: dict) -> None:
     c.print(f"machine: {m['cpus']} CPUs, load {m['loadavg_before'][0]:.1f} -> {m['loadavg_after'][0]:.1f}, "
             f"CPU pressure {m['cpu_pressure_pct_before']}% -> {m['cpu_pressure_pct_after']}% (shared machine)")
     for k in ("ratio_vs_iperf3", "ratio_vs_mooncake", "ratio_vs_iperf3_1stream", "ratio_vs_mooncake_1stream",
-              "ratio_vs_tcp_py", "paired_ratio_vs_iperf3", "paired_ratio_vs_mooncake"):
+              "ratio_vs_tcp_py", "paired_ratio_vs_iperf3", "paired_ratio_vs_mooncake",
+              "ratio_zero_copy_vs_copy", "paired_ratio_zero_copy_vs_copy"):
         c.print(f"{k}: {res[k]}")
 
 
@@ -433,13 +457,16 @@ def main(argv: list[str]) -> int:
     p.add_argument("--reps", type=int, default=5, help="timed repetitions per contender (median reported)")
     p.add_argument("--streams", type=int, default=DataPlaneConfig().streams,
                    help="parallel streams for the native engine's multi-stream row")
-    p.add_argument("--skip", action="append", default=[], help="contender to leave out: iperf3, mooncake, shm, tcp-py")
+    p.add_argument("--chunk-bytes", type=parse_size, default=None,
+                   help="transfer unit size of the source's manifest (default ManifestConfig.chunk_bytes, 8MiB)")
+    p.add_argument("--skip", action="append", default=[],
+                   help="contender to leave out: iperf3, mooncake, shm, tcp-py, zero-copy")
     p.add_argument("--cache", type=Path, default=Path(os.environ.get("RLSYNC_BENCH_CACHE", "~/.cache/rlsync/bench")),
                    help="where set-up keeps the Mooncake venv")
     p.add_argument("--json", type=Path, help="write every figure and the ratios here")
     a = p.parse_args(argv)
     res = run(a.size, a.reps, a.streams, {s.lower() for s in a.skip}, a.cache.expanduser(),
-              command=" ".join(["python -m rlsync.bench transfer", *argv]))
+              command=" ".join(["python -m rlsync.bench transfer", *argv]), chunk_bytes=a.chunk_bytes)
     print_table(res)
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
