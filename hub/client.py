@@ -335,7 +335,7 @@ class HubClient:
     def _release_loop(self, rid: str, handoff: bool, deadline: float | None) -> str:
         """Drive a release to the end; returns 'done', or 'seed' when a hand-off found no taker."""
         model, version, shard, slot = self._held[rid]
-        t0, sent = time.monotonic(), False
+        t0, sent, reregistered = time.monotonic(), False, False
         while True:
             if deadline is not None and time.monotonic() > deadline:
                 raise E.TimeoutError_(f"release of {model!r} v{version} {shard.key} did not finish in time "
@@ -350,9 +350,13 @@ class HubClient:
                 sent = True
                 continue
             except E.NotAReplicaError:
-                if not sent:
+                if sent:
+                    outcome = "done"  # an earlier try completed; its answer was lost
+                elif not reregistered and self._reregister(rid):
+                    reregistered = True  # a restarted hub had not heard of it yet (re-join in flight)
+                    continue
+                else:
                     raise
-                outcome = "done"  # an earlier try completed; its answer was lost
             if outcome == "done":
                 break
             if outcome != "seed":
@@ -367,6 +371,18 @@ class HubClient:
                         self.cfg.dataplane.io_timeout_s)
         log.debug("released %s in %.3fs", rid, time.monotonic() - t0)
         return "done"
+
+    def _reregister(self, rid: str) -> bool:
+        model, version, shard, slot = self._held[rid]
+        rep = self.store.get(rid)
+        if rep is None or not rep.complete:
+            return False
+        try:
+            self._call("register", wid=self.worker_id, model=model, version=version, shard=shard.to_wire(),
+                       slot=slot, manifest=rep.manifest.to_wire())
+            return True
+        except E.HubError:
+            return False
 
     def _offload_seed(self, rid: str) -> None:
         """Copy a replica into host memory this worker's data-plane server keeps serving."""
