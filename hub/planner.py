@@ -7,7 +7,9 @@ Rules, in order (DESIGN.md §2):
    of 1 a crowd of readers becomes a chain that pipelines (A→B→C ...).
 3. Cross-DC: at most `cross_dc_streams` transfers of a version cross into one DC at a time; later
    readers there use in-DC relays even over their cap, so a version crosses the DC link ~once.
-4. Within the chosen tier, least loaded first (full before relay at equal load); units are striped over
+4. Within the chosen tier, peers before the publisher's own copy (offload the trainer: a joiner
+   reads from rollouts whenever one holds the version), then least loaded, full before relay at
+   equal load; units are striped over
    up to `max_sources` of them when the shard is at least `stripe_min_bytes`.
 
     >>> from rlsync.hub.location import Location
@@ -44,6 +46,8 @@ class Source:
     """True for a complete replica (live or seed); False for a relay still receiving."""
     load: int
     """Fetches currently reading from this worker (its uplink), across all its replicas."""
+    origin: bool = False
+    """The publisher's own copy (live or its offload seed): its uplink is the one a trainer stalls on."""
 
 
 class Planner:
@@ -74,7 +78,7 @@ class Planner:
             pool = in_dc if (in_dc and cross_dc_inflight >= self.cfg.cross_dc_streams) else sources
         best_tier = min(reader.distance(s.location) for s in pool)
         tier = sorted((s for s in pool if reader.distance(s.location) == best_tier),
-                      key=lambda s: (s.load, not s.full, s.replica_id))
+                      key=lambda s: (s.origin, s.load, not s.full, s.replica_id))
         # One source per worker: two replicas on the same worker share its uplink.
         chosen, seen = [], set()
         for s in tier:

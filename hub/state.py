@@ -62,6 +62,8 @@ class ReplicaRec:
     slot: str
     full: bool
     releasing: bool = False
+    origin: bool = False
+    """Published by this worker (or its offload seed of such a copy), not fetched."""
 
 
 @dataclass(slots=True)
@@ -253,7 +255,7 @@ class HubState:
         if v is None:
             v = m.versions[version] = VersionRec(version, shard.group)
         v.manifests[shard.key] = manifest
-        self.replicas[rid] = ReplicaRec(rid, wid, model, version, shard.key, "live", True)
+        self.replicas[rid] = ReplicaRec(rid, wid, model, version, shard.key, "live", True, origin=True)
         if commits:
             v.committed = True
             m.committed.append(version)
@@ -284,7 +286,9 @@ class HubState:
         if slot not in ("live", "seed"):
             raise E.ProtocolError(f"unknown replica slot {slot!r}")
         rid = f"{wid}:{model}:{version}:{shard.key}:{slot}"
-        self.replicas.setdefault(rid, ReplicaRec(rid, wid, model, version, shard.key, slot, True))
+        live = self.replicas.get(f"{wid}:{model}:{version}:{shard.key}:live")
+        origin = slot == "seed" and live is not None and live.origin
+        self.replicas.setdefault(rid, ReplicaRec(rid, wid, model, version, shard.key, slot, True, origin=origin))
         return rid
 
     # ---------------------------------------------------------------- fetch
@@ -341,7 +345,7 @@ class HubState:
                                          "(every holder died without notice or is releasing)")
             raise E.VersionNotRetainedError(f"{model!r} v{ver} is no longer retained and no worker holds it "
                                             f"(latest: {m.latest})")
-        srcs = [Source(r.id, r.worker, self.workers[r.worker].location, r.full, self.worker_load(r.worker))
+        srcs = [Source(r.id, r.worker, self.workers[r.worker].location, r.full, self.worker_load(r.worker), r.origin)
                 for r in cands]
         assignment = self.planner.choose_sources(reader.location, srcs, [u.nbytes for u in manifest.units],
                                                  cross_dc_inflight=self._crossing_into(reader, model, ver))
@@ -418,7 +422,7 @@ class HubState:
         if not cands:
             raise E.VersionLostError(f"{f.model!r} v{f.version} {f.shard}: no replica other than the ones that "
                                      f"failed this fetch can serve its {len(units)} missing units")
-        srcs = [Source(r.id, r.worker, self.workers[r.worker].location, r.full, self.worker_load(r.worker))
+        srcs = [Source(r.id, r.worker, self.workers[r.worker].location, r.full, self.worker_load(r.worker), r.origin)
                 for r in cands]
         sub = self.planner.choose_sources(reader.location, srcs, [manifest.units[u].nbytes for u in units],
                                           cross_dc_inflight=self._crossing_into(reader, f.model, f.version, fid))

@@ -54,3 +54,13 @@ def test_cross_dc_crossing_is_limited_then_relays_in_dc():
 def test_zero_units_still_names_a_source():
     plan = Planner(PlannerConfig()).choose_sources(Location(host="h"), [src("a")], [])
     assert plan == {"a": []}
+
+
+def test_peers_before_the_publishers_copy_in_the_same_tier():
+    me = Location(host="h")
+    p = Planner(PlannerConfig(max_sources=1))
+    trainer = Source("trainer", "t", Location(host="x"), True, 0, origin=True)
+    peer = Source("peer", "p", Location(host="y"), True, 1)
+    assert list(p.choose_sources(me, [trainer, peer], [1])) == ["peer"]
+    near_trainer = Source("trainer", "t", Location(host="h"), True, 0, origin=True)
+    assert list(p.choose_sources(me, [near_trainer, peer], [1])) == ["trainer"]  # topology first
