@@ -92,8 +92,7 @@ class HubServer:
                     self._handle(frames)
                 self._flush_releases()
             if time.monotonic() >= next_tick:
-                if self.state.expire():
-                    pass
+                self.state.expire()
                 self._flush_releases()
                 next_tick = time.monotonic() + TICK_S
         self._sock.close(0)

@@ -53,7 +53,7 @@ from rlsync.staleness import SampleBuffer, StalenessBound, plan_request
 from rlsync.trace import TraceWriter
 from rlsync.trainer.batch import Batch
 from rlsync.trainer_group import TrainerGroup, TrainerGroupError
-from rlsync.workers import build_policy, special_ids
+from rlsync.workers import build_policy
 
 log = logging.getLogger(__name__)
 

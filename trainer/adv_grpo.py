@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 
 from .advantage import AdvantageEstimator, group_stats, sequence_rewards
 from .registry import register_adv_est

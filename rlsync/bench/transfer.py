@@ -35,7 +35,7 @@ import subprocess
 import sys
 import time
 from abc import ABC, abstractmethod
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import register_scenario
