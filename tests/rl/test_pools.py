@@ -51,7 +51,9 @@ def test_spot_pool_survives_preemptions_and_joiners_fetch_from_peers(ray_address
     fetches = _fetches(cfg.run_dir)
     readers = {e["args"]["wid"] for e in fetches}
     joins = [e for e in fetches if e["args"].get("join")]
-    assert joins and totals["sync/join_fetches"] == len(joins)
+    # The metrics count fetches inside step windows; a join fetch after the last window closed is in
+    # the trace only.
+    assert joins and 1 <= totals["sync/join_fetches"] <= len(joins)
     for j in joins:
         v, start = j["args"]["version"], j["ts"] - j["args"]["seconds"] * 1e6
         holders = [e for e in fetches if e["args"]["wid"] != j["args"]["wid"] and e["args"]["version"] == v
