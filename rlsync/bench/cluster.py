@@ -38,12 +38,18 @@ class BenchConfig:
     """Model size. 64 MiB at 250 Mbit/s takes as long as the issue's 256 MiB at 1 Gbit/s (2.15 s)."""
     nic_rate: str = "250mbit"
     """Every host's NIC rate, each direction."""
-    chunk_mib: float = 1.0
-    """rlsync transfer unit; a relay forwards a unit once it has it, so this is the pipeline grain."""
+    chunk_mib: float = 0.5
+    """rlsync transfer unit; a relay forwards a unit once it has it, so this is the pipeline grain:
+    each relay hop adds one unit's link time (17 ms at 250 Mbit/s), so 8 hops add ~6% to a 64 MiB
+    transfer (at the issue's 256 MiB / 1 Gbit/s scale this is a 2 MiB unit)."""
     bucket_mib: float = 16.0
     """Flat-bucket size of the model (gloo broadcasts bucket by bucket)."""
-    streams: int = 2
-    """rlsync data-plane streams per source (DataPlaneConfig.streams)."""
+    streams: int = 1
+    """rlsync data-plane streams per source (DataPlaneConfig.streams). One: a single TCP flow fills
+    a shaped NIC (243 of 250 Mbit/s), and k streams carry every k-th unit each, so a unit takes k
+    unit-times to land and every relay hop adds k unit-times of pipeline fill (fanout, 8 readers:
+    2.79 s with 2 streams, 2.56 s with 1). Several streams pay off only where one flow is
+    CPU-bound (loopback, fast NICs: docs/performance.md)."""
     transport: str = "auto"
     """'tcp' (native), 'tcp-py', or 'auto': tcp if built, else tcp-py. Never shm: it bypasses the links."""
     fanout_cap: int = 1

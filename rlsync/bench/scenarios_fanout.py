@@ -176,12 +176,17 @@ def add_common_args(p: argparse.ArgumentParser, model_mib: float) -> None:
     p.add_argument("--model-mib", type=float, default=model_mib, help="model size in MiB")
     p.add_argument("--nic-rate", default=d.nic_rate, help="every host's NIC rate, each direction (tc syntax)")
     p.add_argument("--chunk-mib", type=float, default=d.chunk_mib, help="rlsync transfer unit (pipeline grain)")
+    p.add_argument("--streams", type=int, default=d.streams,
+                   help="rlsync data-plane streams per source (each stream carries every k-th unit)")
+    p.add_argument("--fanout-cap", type=int, default=d.fanout_cap,
+                   help="rlsync planner fan-out cap (readers one source serves at once)")
     p.add_argument("--transport", default=d.transport, choices=["auto", "tcp", "tcp-py"])
     p.add_argument("--json", type=Path, help="write raw figures + ratios here (and a PNG beside it)")
 
 
 def config_from(a: argparse.Namespace) -> BenchConfig:
-    return BenchConfig(model_mib=a.model_mib, nic_rate=a.nic_rate, chunk_mib=a.chunk_mib, transport=a.transport)
+    return BenchConfig(model_mib=a.model_mib, nic_rate=a.nic_rate, chunk_mib=a.chunk_mib, transport=a.transport,
+                       streams=a.streams, fanout_cap=a.fanout_cap)
 
 
 @register_scenario("fanout")
