@@ -7,6 +7,7 @@ Rules, in order (DESIGN.md §2):
    of 1 a crowd of readers becomes a chain that pipelines (A→B→C ...).
 3. Cross-DC: at most `cross_dc_streams` transfers of a version cross into one DC at a time; later
    readers there use in-DC relays even over their cap, so a version crosses the DC link ~once.
+0. `source_hosts`, when set, removes every source on another host before the rules below.
 4. Within the chosen tier, peers before the publisher's own copy (offload the trainer: a joiner
    reads from rollouts whenever one holds the version), then least loaded, full before relay at
    equal load; units are striped over
@@ -35,6 +36,10 @@ class PlannerConfig:
     """Shards smaller than this are read from a single source."""
     cross_dc_streams: int = 1
     """Concurrent transfers of one version allowed to cross into a DC; later readers relay in-DC."""
+    source_hosts: tuple[str, ...] = ()
+    """If set, only replicas on these hosts serve reads (every other holder is ignored as a source):
+    e.g. every read pinned to the trainer's host, for a trainer-only baseline or to take relays out
+    while debugging. A read no allowed host can serve fails with VersionLostError."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,10 +58,13 @@ class Source:
 class Planner:
     def __init__(self, cfg: PlannerConfig) -> None:
         self.cfg = cfg
+        self._hosts = frozenset(cfg.source_hosts)
 
     def choose_sources(self, reader: Location, sources: list[Source], unit_sizes: list[int],
                        cross_dc_inflight: int = 0) -> dict[str, list[int]]:
-        """Map replica_id -> the unit indices it serves, in increasing order. Empty sources → {}."""
+        """Map replica_id -> the unit indices it serves, in increasing order. No (allowed) source → {}."""
+        if self._hosts:
+            sources = [s for s in sources if s.location.host in self._hosts]
         if not sources:
             return {}
         cap = max(1, self.cfg.fanout_cap)

@@ -349,6 +349,9 @@ class HubState:
                 for r in cands]
         assignment = self.planner.choose_sources(reader.location, srcs, [u.nbytes for u in manifest.units],
                                                  cross_dc_inflight=self._crossing_into(reader, model, ver))
+        if not assignment:
+            raise E.VersionLostError(f"{model!r} v{ver} {shard.key}: no replica on the hosts the planner may read "
+                                     f"from (source_hosts={list(self.planner.cfg.source_hosts)})")
         # -- validated: mutate
         if stale is not None:
             del self.fetches[stale]
@@ -426,6 +429,9 @@ class HubState:
                 for r in cands]
         sub = self.planner.choose_sources(reader.location, srcs, [manifest.units[u].nbytes for u in units],
                                           cross_dc_inflight=self._crossing_into(reader, f.model, f.version, fid))
+        if not sub:
+            raise E.VersionLostError(f"{f.model!r} v{f.version} {f.shard}: no replica on the hosts the planner may "
+                                     f"read from (source_hosts={list(self.planner.cfg.source_hosts)})")
         assignment = {rid: [units[i] for i in idx] for rid, idx in sub.items()}
         for rid, us in assignment.items():
             f.sources[rid] = sorted(set(f.sources.get(rid, [])) | set(us))

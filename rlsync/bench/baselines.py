@@ -6,7 +6,8 @@
   asynchronously so gloo can overlap them, after an untimed warm-up broadcast. No copies anywhere.
 - trainer-only point-to-point — UCX's shape: every reader pulls the whole model from the trainer.
   It runs on rlsync's own data plane (same native TCP engine, same streams, same verification),
-  with a hub whose planner may only pick sources on the trainer's host (`PinnedSourcePlanner`):
+  with a hub whose planner may only pick sources on the trainer's host
+  (`PlannerConfig.source_hosts`):
   the only difference from rlsync is who serves, which is what the comparison is about.
 - Ray's object store — storage's shape: `rlsync.bench.raybase` (a Ray node per namespace).
 
@@ -17,23 +18,7 @@ from __future__ import annotations
 import os
 import time
 
-from rlsync.hub.planner import Planner, PlannerConfig, Source
-
 from .nsagent import STATE, command
-
-
-class PinnedSourcePlanner(Planner):
-    """A planner that may only choose sources on the given hosts (the trainer's): UCX's shape."""
-
-    def __init__(self, cfg: PlannerConfig, hosts: set[str]) -> None:
-        super().__init__(cfg)
-        self.hosts = hosts
-
-    def choose_sources(self, reader, sources: list[Source], unit_sizes: list[int],
-                       cross_dc_inflight: int = 0) -> dict[str, list[int]]:
-        allowed = [s for s in sources if s.location.host in self.hosts]
-        # No allowed source: plan nothing, and the fetch fails loudly rather than quietly relaying.
-        return super().choose_sources(reader, allowed, unit_sizes, cross_dc_inflight) if allowed else {}
 
 
 # ---------------------------------------------------------------- gloo broadcast (NCCL's shape)

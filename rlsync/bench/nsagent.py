@@ -127,13 +127,11 @@ def _hub_start(name: str, ip: str, planner: dict | None = None, only_hosts: list
     from rlsync.hub import HubConfig, PlannerConfig
     from rlsync.hub.server import HubServer
 
-    cfg = HubConfig(planner=PlannerConfig(**(planner or {})), worker_timeout_s=worker_timeout_s)
+    planner = {**(planner or {}), "source_hosts": tuple(only_hosts or ())}
+    cfg = HubConfig(planner=PlannerConfig(**planner), worker_timeout_s=worker_timeout_s)
     token = secrets.token_hex(16)
     journal = os.path.join(tempfile.mkdtemp(prefix=f"rlsync-bench-{name}-"), "journal.db")
     server = HubServer(host=ip, port=0, token=token, journal=journal, config=cfg)
-    if only_hosts:
-        from .baselines import PinnedSourcePlanner
-        server.state.planner = PinnedSourcePlanner(cfg.planner, set(only_hosts))
     STATE.hubs[name] = server.start()
     return {"address": server.address, "token": token}
 

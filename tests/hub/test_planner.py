@@ -64,3 +64,12 @@ def test_peers_before_the_publishers_copy_in_the_same_tier():
     assert list(p.choose_sources(me, [trainer, peer], [1])) == ["peer"]
     near_trainer = Source("trainer", "t", Location(host="h"), True, 0, origin=True)
     assert list(p.choose_sources(me, [near_trainer, peer], [1])) == ["trainer"]  # topology first
+
+
+def test_source_hosts_restricts_reads_to_those_hosts():
+    me = Location(host="h")
+    p = Planner(PlannerConfig(source_hosts=("t",), fanout_cap=1, max_sources=1))
+    trainer = src("trainer", host="t", load=5)  # over cap, another host nearer: still the only choice
+    near = src("near", host="h")
+    assert list(p.choose_sources(me, [near, trainer], [1])) == ["trainer"]
+    assert p.choose_sources(me, [near], [1]) == {}

@@ -153,3 +153,19 @@ def test_releasing_replica_still_serves_when_the_relay_it_waited_for_died():
     assert again.sources[0][1].id == w["t"]
     s.fetch_done(w["r2"], b.fetch_id, True)
     assert s.poll_releases() == {f"{w['t']}:p:1:tp0-pp0:live": DONE}
+
+
+def test_source_hosts_pins_every_read_to_the_trainer_and_refuses_cleanly_without_it():
+    s, w = state(planner=PlannerConfig(fanout_cap=1, max_sources=1, source_hosts=("t",)))
+    s.publish(w["t"], "p", 1, Shard(), M)
+    plans = [s.plan_fetch(w[r], "p", 1, Shard()) for r in ("r1", "r2", "r3")]
+    assert [p.sources[0][1].id for p in plans] == [w["t"]] * 3  # never a relay, whatever the cap
+    s.fetch_done(w["r1"], plans[0].fetch_id, True)
+    s.fetch_done(w["r2"], plans[1].fetch_id, True)
+    s.fetch_done(w["r3"], plans[2].fetch_id, True)
+    s2, w2 = state(planner=PlannerConfig(source_hosts=("nobody",)))
+    s2.publish(w2["t"], "p", 1, Shard(), M)
+    before = snapshot(s2)
+    with pytest.raises(E.VersionLostError, match="source_hosts"):
+        s2.plan_fetch(w2["r1"], "p", 1, Shard())
+    assert snapshot(s2) == before
