@@ -1,13 +1,13 @@
 """The planner: which replicas serve which units of one fetch. Pure logic, no I/O.
 
 Rules, in order (DESIGN.md §2):
+0. `source_hosts`, when set, removes every source on another host before the rules below.
 1. Topology: a source in the reader's host beats its rack, its DC, then another DC.
 2. Fan-out cap: a worker already serving `fanout_cap` fetches is not chosen while another source
    in a tier no worse is under its cap; in-progress readers (relays) are sources too, so with a cap
    of 1 a crowd of readers becomes a chain that pipelines (A→B→C ...).
 3. Cross-DC: at most `cross_dc_streams` transfers of a version cross into one DC at a time; later
    readers there use in-DC relays even over their cap, so a version crosses the DC link ~once.
-0. `source_hosts`, when set, removes every source on another host before the rules below.
 4. Within the chosen tier, peers before the publisher's own copy (offload the trainer: a joiner
    reads from rollouts whenever one holds the version), then least loaded, full before relay at
    equal load; units are striped over

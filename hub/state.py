@@ -350,8 +350,7 @@ class HubState:
         assignment = self.planner.choose_sources(reader.location, srcs, [u.nbytes for u in manifest.units],
                                                  cross_dc_inflight=self._crossing_into(reader, model, ver))
         if not assignment:
-            raise E.VersionLostError(f"{model!r} v{ver} {shard.key}: no replica on the hosts the planner may read "
-                                     f"from (source_hosts={list(self.planner.cfg.source_hosts)})")
+            raise self._no_allowed_source(model, ver, shard.key)
         # -- validated: mutate
         if stale is not None:
             del self.fetches[stale]
@@ -366,6 +365,11 @@ class HubState:
         return Plan(fid, ver, manifest,
                     [(self.replicas[rid], self.workers[self.replicas[rid].worker], units)
                      for rid, units in assignment.items()])
+
+    def _no_allowed_source(self, model: str, ver: int, shard_key: str) -> E.VersionLostError:
+        """Candidates existed but the planner's `source_hosts` excluded every one of them."""
+        return E.VersionLostError(f"{model!r} v{ver} {shard_key}: no replica on the hosts the planner may read "
+                                  f"from (source_hosts={list(self.planner.cfg.source_hosts)})")
 
     def _crossing_into(self, reader: WorkerRec, model: str, ver: int, exclude_fetch: str | None = None) -> int:
         """Open fetches of (model, ver) into the reader's DC that read from another DC."""
@@ -430,8 +434,7 @@ class HubState:
         sub = self.planner.choose_sources(reader.location, srcs, [manifest.units[u].nbytes for u in units],
                                           cross_dc_inflight=self._crossing_into(reader, f.model, f.version, fid))
         if not sub:
-            raise E.VersionLostError(f"{f.model!r} v{f.version} {f.shard}: no replica on the hosts the planner may "
-                                     f"read from (source_hosts={list(self.planner.cfg.source_hosts)})")
+            raise self._no_allowed_source(f.model, f.version, f.shard)
         assignment = {rid: [units[i] for i in idx] for rid, idx in sub.items()}
         for rid, us in assignment.items():
             f.sources[rid] = sorted(set(f.sources.get(rid, [])) | set(us))

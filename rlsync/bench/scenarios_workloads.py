@@ -44,6 +44,8 @@ from .topo import TopologySpec, parse_rate
 log = logging.getLogger(__name__)
 
 P2P_PLANNER = {"fanout_cap": 1 << 20, "max_sources": 1}
+TRAINER_GPUS = 16
+"""standalone's trainer group: a 32-GPU job split evenly with the 16-worker rollout pool."""
 
 
 def _base(name: str, c: BenchCluster, cfg: BenchConfig) -> dict:
@@ -56,7 +58,7 @@ def _base(name: str, c: BenchCluster, cfg: BenchConfig) -> dict:
 
 # ---------------------------------------------------------------- standalone
 def run_standalone(cfg: BenchConfig, rollouts: int, steps: int, train_s: float, gen_s: float,
-                   trainer_gpus: int = 8) -> dict:
+                   trainer_gpus: int = TRAINER_GPUS) -> dict:
     spec = fanout_spec(rollouts, cfg.nic_rate)
     with BenchCluster(spec, cfg) as c:
         pool = c.readers
@@ -297,7 +299,7 @@ def standalone_main(argv: list[str]) -> int:
         p.add_argument("--steps", type=int, default=3)
         p.add_argument("--train-s", type=float, default=4.0, help="simulated trainer step (s)")
         p.add_argument("--gen-s", type=float, default=1.0, help="simulated generation per step (s)")
-        p.add_argument("--trainer-gpus", type=int, default=16,
+        p.add_argument("--trainer-gpus", type=int, default=TRAINER_GPUS,
                        help="ranks in the trainer group; each stalls as long as rank 0 (the publisher)")
     a = _parse("standalone", argv, 64.0, extra)
     if (rc := _cannot("standalone")) is not None:
