@@ -88,6 +88,12 @@ def _span(t: torch.Tensor) -> tuple[int, int]:
     return t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
 
 
+def _overlaps(xs, ys) -> bool:
+    """Do any of tensors `xs` share bytes with any of tensors `ys`?"""
+    spans = [_span(t) for t in ys if t.numel()]
+    return any(a < e and s < b for t in xs if t.numel() for a, b in [_span(t)] for s, e in spans)
+
+
 class HubClient:
     def __init__(self, address: str, token: str | None = None, *, token_file: str | None = None,
                  config: ClientConfig | None = None) -> None:
@@ -108,6 +114,9 @@ class HubClient:
         self._hb: threading.Thread | None = None
         self._name, self._role, self._follow = "worker", "worker", False
         self._rejoin_lock = threading.Lock()
+        self._releasing: set[str] = set()
+        """Replicas whose release is under way: a re-join does not re-register them (the release
+        re-registers one itself if the new hub has not heard of it, so retention still decides)."""
         self._seeding: set[tuple] = set()
 
     # ------------------------------------------------------------------ membership
@@ -230,7 +239,7 @@ class HubClient:
             kept = 0
             for rid, (model, version, shard, slot) in list(self._held.items()):
                 rep = self.store.get(rid)
-                if rep is None or not rep.complete:
+                if rep is None or not rep.complete or rid in self._releasing or rid not in self._held:
                     continue
                 try:
                     rpc.call("register", wid=self.worker_id, model=model, version=version, shard=shard.to_wire(),
@@ -334,8 +343,16 @@ class HubClient:
 
     def _release_loop(self, rid: str, handoff: bool, deadline: float | None) -> str:
         """Drive a release to the end; returns 'done', or 'seed' when a hand-off found no taker."""
+        with self._rejoin_lock:  # a re-join in progress finishes first; later ones skip this replica
+            self._releasing.add(rid)
+        try:
+            return self._release_steps(rid, handoff, deadline)
+        finally:
+            self._releasing.discard(rid)
+
+    def _release_steps(self, rid: str, handoff: bool, deadline: float | None) -> str:
         model, version, shard, slot = self._held[rid]
-        t0, sent, reregistered = time.monotonic(), False, False
+        t0, sent, reregistered = time.monotonic(), False, 0
         while True:
             if deadline is not None and time.monotonic() > deadline:
                 raise E.TimeoutError_(f"release of {model!r} v{version} {shard.key} did not finish in time "
@@ -350,11 +367,14 @@ class HubClient:
                 sent = True
                 continue
             except E.NotAReplicaError:
-                if sent:
-                    outcome = "done"  # an earlier try completed; its answer was lost
-                elif not reregistered and self._reregister(rid):
-                    reregistered = True  # a restarted hub had not heard of it yet (re-join in flight)
+                # A restarted hub has not heard of it (a re-join skips replicas being released), or an
+                # earlier try completed and its answer was lost: the buffers are still intact, so
+                # register it again and let this hub's retention decide. Bounded: hubs may restart again.
+                if reregistered < 3 and self._reregister(rid):
+                    reregistered += 1
                     continue
+                if sent:
+                    outcome = "done"
                 else:
                     raise
             if outcome == "done":
@@ -420,7 +440,14 @@ class HubClient:
                               group=list(group) if group else None, into_spec=spec)
         fid, ver = plan["fetch_id"], plan["version"]
         if plan.get("held"):
-            return self._already_held(model, ver, shard, into, t0)
+            got = self._already_held(model, ver, shard, into, t0)
+            if got is not None:
+                return got
+            plan = self._call("fetch", wid=wid, model=model, version=ver, shard=shard.to_wire(),
+                              group=list(group) if group else None, into_spec=spec)
+            fid = plan["fetch_id"]
+            if plan.get("held"):
+                raise E.ProtocolError(f"the hub still lists {model!r} v{ver} {shard.key} as held here")
         rid = f"{wid}:{model}:{ver}:{shard.key}:live"
         try:
             manifest = Manifest.from_wire(plan["manifest"])
@@ -462,19 +489,43 @@ class HubClient:
         secs = time.monotonic() - t0
         return FetchResult(ver, dest_tensors, per_source, used, secs, manifest.nbytes)
 
-    def _already_held(self, model: str, ver: int, shard: Shard, into, t0: float) -> FetchResult:
+    def _already_held(self, model: str, ver: int, shard: Shard, into, t0: float) -> FetchResult | None:
         """This worker already holds (model, ver, shard): no transfer. Copy into `into` if it is
-        other memory (that copy is private: it is not registered as a replica)."""
-        rep = self.store.get(f"{self.worker_id}:{model}:{ver}:{shard.key}:live")
+        other memory (that copy is private: it is not registered as a replica).
+
+        Whatever replica lived in `into` before is released first, as for a transfer: those buffers
+        are about to hold `ver`, so neither this client nor the hub may keep them as another version.
+        Returns None if the hub's record is stale (we hold no such replica here): the caller re-plans.
+        """
+        rid = f"{self.worker_id}:{model}:{ver}:{shard.key}:live"
+        rep = self.store.get(rid)
+        if rep is None or rid not in self._held:
+            self._forget_stale(model, ver, shard)
+            return None
         held = getattr(rep, "device_tensors", rep.tensors)
         if into is None:
             out = held
         else:
-            for name, t in into.items():
-                if t.data_ptr() != held[name].data_ptr():
+            same = all(t.data_ptr() == held[name].data_ptr() for name, t in into.items())
+            if not same:
+                if _overlaps(held.values(), into.values()):
+                    raise E.BufferMismatchError(f"into overlaps the buffers that hold {model!r} v{ver} "
+                                                "without being them: pass those buffers or separate memory")
+                self._release_overlapping(into)
+                for name, t in into.items():
                     t.copy_(held[name])
             out = dict(into)
         return FetchResult(ver, out, {}, {}, time.monotonic() - t0, 0)
+
+    def _forget_stale(self, model: str, version: int, shard: Shard) -> None:
+        """The hub lists a replica as ours that this client does not hold: make the hub drop it."""
+        log.warning("hub listed %s v%d %s as held here, but it is not: releasing the stale record",
+                    model, version, shard.key)
+        try:
+            self._call("release", wid=self.worker_id, model=model, version=version,
+                       shard=shard.to_wire(), slot="live")
+        except E.NotAReplicaError:
+            pass
 
     def _pull_all(self, sources: list[dict], dest: LocalReplica, per_source: dict, used: dict):
         """Pull every source's units in parallel; returns (failed replica ids, errors)."""
@@ -530,13 +581,11 @@ class HubClient:
             log.warning("fetch_done(%s) failed: %s", fid, e)
 
     def _release_overlapping(self, into: dict[str, torch.Tensor]) -> None:
-        spans = [_span(t) for t in into.values() if t.numel()]
         for rid, (_, _, _, slot) in list(self._held.items()):
             rep = self.store.get(rid)
             if slot != "live" or rep is None:
                 continue
-            if any(a < e and s < b for t in getattr(rep, "device_tensors", rep.tensors).values() if t.numel()
-                   for a, b in [_span(t)] for s, e in spans):
+            if _overlaps(getattr(rep, "device_tensors", rep.tensors).values(), into.values()):
                 self._release(rid)
 
     # ------------------------------------------------------------------ queries
