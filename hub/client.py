@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from . import errors as E
 from .dataplane import DataPlaneConfig, DataServer, read_from_source
@@ -94,6 +96,43 @@ def _overlaps(xs, ys) -> bool:
     return any(a < e and s < b for t in xs if t.numel() for a, b in [_span(t)] for s, e in spans)
 
 
+class _HubWatch:
+    """Watches the TCP connection to the hub with ZeroMQ's socket monitor (a DEALER that never sends).
+
+    A restarted hub is noticed the moment it listens again (ZeroMQ reconnects every 50 ms), so the
+    heartbeat re-joins and re-registers at once instead of after a timed-out heartbeat."""
+
+    def __init__(self, address: str) -> None:
+        self._sock = zmq.Context.instance().socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.RECONNECT_IVL, 50)
+        self._mon = self._sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        self._sock.connect(address)
+        self.down = False
+
+    def wait_reconnect(self, timeout_s: float) -> bool:
+        """Wait up to `timeout_s`; True as soon as the hub is reachable again after a disconnect."""
+        end = time.monotonic() + timeout_s
+        while (left := end - time.monotonic()) > 0:
+            if not self._mon.poll(max(1, int(left * 1000))):
+                return False
+            event = recv_monitor_message(self._mon)["event"]
+            if event == zmq.EVENT_DISCONNECTED:
+                self.down = True
+            elif event == zmq.EVENT_CONNECTED and self.down:
+                self.down = False
+                return True
+        return False
+
+    def close(self) -> None:
+        try:
+            self._sock.disable_monitor()
+        except Exception:  # noqa: BLE001 - closing anyway
+            pass
+        self._mon.close(0)
+        self._sock.close(0)
+
+
 class HubClient:
     def __init__(self, address: str, token: str | None = None, *, token_file: str | None = None,
                  config: ClientConfig | None = None) -> None:
@@ -114,6 +153,7 @@ class HubClient:
         self._hb: threading.Thread | None = None
         self._name, self._role, self._follow = "worker", "worker", False
         self._rejoin_lock = threading.Lock()
+        self._joins = 0  # completed re-joins: a thread that saw NotJoined before the last one skips its own
         self._releasing: set[str] = set()
         """Replicas whose release is under way: a re-join does not re-register them (the release
         re-registers one itself if the new hub has not heard of it, so retention still decides)."""
@@ -206,12 +246,20 @@ class HubClient:
 
     def _heartbeat_loop(self) -> None:
         rpc = RpcChannel(self.address, self._token, max(2.0, self.cfg.heartbeat_s * 2), deadline_s=0.0)
+        watch = _HubWatch(self.address)
         try:
-            while not self._hb_stop.wait(self.cfg.heartbeat_s):
+            while not self._hb_stop.is_set():
+                if watch.wait_reconnect(self.cfg.heartbeat_s):
+                    rpc.close()  # a request in flight when the hub went is lost: do not wait for it
+                if self._hb_stop.is_set():
+                    break
+                if watch.down:
+                    continue  # nobody listens: heartbeat (and re-join) the moment a hub is back
+                seen = self._joins
                 try:
                     r = rpc.call("heartbeat", wid=self.worker_id)
                 except E.NotJoinedError:
-                    self._rejoin(rpc)  # the hub restarted (or expired us): re-register what we hold
+                    self._rejoin(rpc, seen)  # the hub restarted (or expired us): re-register what we hold
                     continue
                 except E.HubError as e:
                     log.warning("heartbeat to %s failed: %s", self.address, e)
@@ -224,11 +272,17 @@ class HubClient:
                 for model, version, key, group in r.get("tasks", []):
                     self._start_seed_fetch(model, version, key, group)
         finally:
+            watch.close()
             rpc.close()
 
-    def _rejoin(self, rpc: RpcChannel) -> None:
-        """Join again under our id and re-register every full replica we hold (soft state)."""
+    def _rejoin(self, rpc: RpcChannel, seen: int) -> None:
+        """Join again under our id and re-register every full replica we hold (soft state).
+
+        `seen` is the re-join count when the caller's call failed with NotJoined: if another thread
+        re-joined since, the hub knows us again and this one has nothing to do."""
         with self._rejoin_lock:
+            if self._joins != seen:
+                return
             try:
                 r = rpc.call("join", name=self._name, location=self.location.to_wire(), endpoint=self._endpoint,
                              worker_id=self.worker_id, role=self._role, follow=self._follow)
@@ -249,6 +303,7 @@ class HubClient:
                     log.warning("re-register of %s refused: %s; dropping it", rid, e)
                     self.store.remove(rid)
                     self._held.pop(rid, None)
+            self._joins += 1
             log.warning("re-joined the hub at %s as %s; re-registered %d replicas", self.address, self.worker_id, kept)
 
     def _start_seed_fetch(self, model: str, version: int, key: str, group: list) -> None:
@@ -273,12 +328,13 @@ class HubClient:
 
     def _call(self, op: str, **kw):
         """A control call; if the hub no longer knows us (restart, failover), re-join and retry once."""
+        seen = self._joins
         try:
             return self._rpc.call(op, **kw)
         except E.NotJoinedError:
             if self.worker_id is None:
                 raise
-            self._rejoin(self._rpc)
+            self._rejoin(self._rpc, seen)
             return self._rpc.call(op, **kw)
 
     # ------------------------------------------------------------------ publish / release
@@ -461,7 +517,9 @@ class HubClient:
             self.store.add(dest)
             if into is not None:
                 self._release_overlapping(into)
-        except BaseException:
+        except BaseException as e:
+            if self.store.get(rid) is not None:
+                self.store.get(rid).fail(f"fetch refused: {e}")  # readers planned on the relay stop waiting
             self.store.remove(rid)
             self._fetch_done(fid, ok=False)
             raise
@@ -481,7 +539,17 @@ class HubClient:
             log.warning("fetch %s: %d sources failed (%s); re-planning %d units", fid, len(failed),
                         errors[0] if errors else "", len(missing))
             try:
-                sources = self._call("replan", wid=wid, fetch_id=fid, failed=failed, units=missing)["sources"]
+                try:
+                    sources = self._call("replan", wid=wid, fetch_id=fid, failed=failed, units=missing)["sources"]
+                except E.UnknownFetchError:
+                    # The hub restarted (or expired us) since it planned this fetch: plan it anew. The
+                    # units already here stay; only missing ones are pulled (from whoever holds them now).
+                    plan = self._call("fetch", wid=wid, model=model, version=ver, shard=shard.to_wire(),
+                                      group=None, into_spec=spec)
+                    if plan.get("held"):
+                        raise E.ProtocolError(f"the hub lists {model!r} v{ver} {shard.key} as held here "
+                                              "while this worker is still fetching it") from None
+                    fid, sources = plan["fetch_id"], plan["sources"]
             except E.HubError as e:
                 self._abort_fetch(dest, fid, e)
         self._fetch_done(fid, ok=True, rep=dest, model=model, version=ver, shard=shard)
@@ -563,6 +631,11 @@ class HubClient:
         dest.fail(str(err))  # downstream readers of this relay stop waiting and re-plan
         self.store.remove(dest.id)
         self._fetch_done(fid, ok=False)
+        # Downstream readers may still be reading units that were present. The caller may reuse
+        # `into` at once (a retry): its bytes must not change under those reads (mutability contract).
+        if not dest.wait_drained(self.cfg.dataplane.io_timeout_s):
+            log.warning("aborted fetch %s: a downstream read did not finish within %.0fs", fid,
+                        self.cfg.dataplane.io_timeout_s)
         raise err if isinstance(err, E.HubError) else E.TransferError(f"fetch failed: {err}")
 
     def _fetch_done(self, fid: str, ok: bool, rep: LocalReplica | None = None, model: str = "",

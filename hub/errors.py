@@ -91,6 +91,13 @@ class ProtocolError(HubError):
     code = "protocol"
 
 
+class UnknownFetchError(ProtocolError):
+    """The hub does not know this fetch: it restarted, or expired the reader, since planning it.
+    The client plans the missing units again (a new fetch); callers rarely see it."""
+
+    code = "unknown_fetch"
+
+
 class TransferError(HubError):
     """A data-plane read failed: peer died, timed out, or sent bytes whose checksum is wrong."""
 

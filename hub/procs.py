@@ -143,7 +143,8 @@ def _worker_main(conn, address: str, token: str, client_cfg) -> None:
                 loop["thread"].join(kw.get("timeout", 60))
             return True
         if cmd == "served":
-            return {rep.id: {"units": rep.units_served, "bytes": rep.bytes_served} for rep in client.store.all()}
+            return {rep.id: {"units": rep.units_served, "bytes": rep.bytes_served, "readers": rep.readers}
+                    for rep in client.store.all()}
         if cmd == "held":
             return client.held()
         if cmd == "leave":

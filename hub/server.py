@@ -51,9 +51,15 @@ class HubServer:
         self.epoch = int(self.journal.get_meta("epoch") or 0) + 1
         self.journal.set_meta("epoch", self.epoch)
         self.state = HubState(self.cfg, commit_hook=self._journal_commit, id_prefix=f"{self.epoch}.")
+        restored = 0
         for model, version, group, manifests, _ in self.journal.load():
             self.state.restore_committed(model, version, group,
                                          {k: Manifest.from_wire(m) for k, m in manifests.items()})
+            restored += 1
+        # A restart: replica locations are soft state the workers re-register within a heartbeat or
+        # two. Until then "no holder" is not an answer: such fetches wait (parked) for them.
+        self._grace_until = time.monotonic() + self.cfg.reregister_grace_s if restored else 0.0
+        self._parked: list[tuple[bytes, object, str, dict]] = []
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -91,9 +97,11 @@ class HubServer:
                         break
                     self._handle(frames)
                 self._flush_releases()
+                self._retry_parked()
             if time.monotonic() >= next_tick:
                 self.state.expire()
                 self._flush_releases()
+                self._retry_parked()
                 next_tick = time.monotonic() + TICK_S
         self._sock.close(0)
         self.journal.close()
@@ -134,7 +142,24 @@ class HubServer:
             if handler is None or not isinstance(args, dict):
                 raise E.ProtocolError(f"unknown operation {op!r}")
             self.rpc_count += 1
-            result = handler(ident, rid, **args)
+        except E.HubError as e:
+            self._reply(ident, rid, False, [e.code, str(e)])
+            return
+        except Exception as e:  # never let one request kill the hub
+            log.exception("hub: internal error")
+            self._reply(ident, rid, False, ["hub_error", f"internal error: {type(e).__name__}: {e}"])
+            return
+        self._run(ident, rid, handler, op, args)
+
+    def _run(self, ident: bytes, rid, handler, op: str, args: dict) -> None:
+        try:
+            try:
+                result = handler(ident, rid, **args)
+            except (E.VersionLostError, E.VersionNotRetainedError):
+                if op not in ("fetch", "replan") or time.monotonic() >= self._grace_until:
+                    raise
+                self._parked.append((ident, rid, op, args))  # answered when a holder re-registers
+                return
             if result is not _DEFERRED:
                 self._reply(ident, rid, True, result)
         except E.HubError as e:
@@ -144,6 +169,15 @@ class HubServer:
         except Exception as e:  # never let one request kill the hub
             log.exception("hub: internal error")
             self._reply(ident, rid, False, ["hub_error", f"internal error: {type(e).__name__}: {e}"])
+
+    def _retry_parked(self) -> None:
+        """Plan parked fetches again: a holder may have re-registered, or the grace ran out (then the
+        caller gets the lost / not-retained answer it was spared until now)."""
+        if not self._parked:
+            return
+        parked, self._parked = self._parked, []
+        for ident, rid, op, args in parked:
+            self._run(ident, rid, getattr(self, f"op_{op}"), op, args)
 
     def _flush_releases(self) -> None:
         for rep, outcome in self.state.poll_releases().items():

@@ -38,6 +38,9 @@ class HubConfig:
     """Lifetime of a data-plane ticket issued with a fetch plan."""
     suspect_s: float = 10.0
     """A source a reader reported dead or stalled gets no new reads for this long (or until it expires)."""
+    reregister_grace_s: float = 5.0
+    """After a restart (a journal with committed versions), a fetch or re-plan that finds no holder yet
+    waits up to this long for workers to re-register before the hub says lost / not retained."""
 
 
 @dataclass(slots=True)
@@ -148,8 +151,15 @@ class HubState:
         """Add a worker; `worker_id` re-joins under a known id (after a hub restart or failover)."""
         if role not in ("worker", "seed"):
             raise E.ProtocolError(f"unknown worker role {role!r}")
-        if worker_id is not None and worker_id in self.workers:
-            self.remove_worker(worker_id)  # a re-join replaces the old registration
+        old = self.workers.get(worker_id) if worker_id is not None else None
+        if old is not None:
+            if old.endpoint == endpoint:
+                # The same process joining again (two of its threads saw NotJoined at once, or a
+                # re-join's answer was lost): keep the replicas it serves and the fetches it runs.
+                old.name, old.location, old.role, old.follow = name, location, role, follow
+                old.last_seen = self.clock()
+                return old.id
+            self.remove_worker(worker_id)  # another process claims the id: the old registration goes
         wid = worker_id or f"w{self._prefix}{next(self._ids)}"
         self.workers[wid] = WorkerRec(wid, name, location, endpoint, self.clock(), role, follow)
         return wid
@@ -359,7 +369,7 @@ class HubState:
             pin.served.add(shard.key)
             if len(pin.served) >= pin.size:
                 del m.pins[group[0]]
-        fid = f"f{next(self._ids)}"
+        fid = f"f{self._prefix}{next(self._ids)}"  # the epoch prefix: a restarted hub never reuses an id
         self.fetches[fid] = FetchRec(fid, wid, model, ver, shard.key, assignment, relay_id, self.clock())
         self.replicas[relay_id] = ReplicaRec(relay_id, wid, model, ver, shard.key, "live", full=False)
         return Plan(fid, ver, manifest,
@@ -414,7 +424,7 @@ class HubState:
         reader = self.touch(wid)
         f = self.fetches.get(fid)
         if f is None or f.reader != wid:
-            raise E.ProtocolError(f"unknown fetch {fid!r} for worker {wid}")
+            raise E.UnknownFetchError(f"unknown fetch {fid!r} for worker {wid}")
         manifest = self.models[f.model].versions[f.version].manifests[f.shard]
         if any(not isinstance(u, int) or not 0 <= u < len(manifest.units) for u in units):
             raise E.ProtocolError("replan: unit ids out of range")
@@ -425,7 +435,10 @@ class HubState:
                 log.warning("fetch %s: source %s reported failed; suspect for %.0fs", fid, rid, self.cfg.suspect_s)
             f.sources.pop(rid, None)
             f.excluded.add(rid)
-        cands = self._candidates(wid, f.model, f.version, f.shard, exclude_fetch=fid, excluded=f.excluded)
+        cands = (self._candidates(wid, f.model, f.version, f.shard, exclude_fetch=fid, excluded=f.excluded)
+                 # Every other holder failed this fetch once. A failure may have passed (a stall, a relay
+                 # whose upstream died, a restart): a live holder that did not fail just now gets another try.
+                 or self._candidates(wid, f.model, f.version, f.shard, exclude_fetch=fid, excluded=set(failed)))
         if not cands:
             raise E.VersionLostError(f"{f.model!r} v{f.version} {f.shard}: no replica other than the ones that "
                                      f"failed this fetch can serve its {len(units)} missing units")
@@ -446,7 +459,7 @@ class HubState:
         self.touch(wid)
         f = self.fetches.get(fid)
         if f is None or f.reader != wid:
-            raise E.ProtocolError(f"unknown fetch {fid!r} for worker {wid}")
+            raise E.UnknownFetchError(f"unknown fetch {fid!r} for worker {wid}")
         del self.fetches[fid]
         if ok:
             self.replicas[f.relay].full = True

@@ -125,3 +125,51 @@ def test_restart_re_registers_only_what_the_buffers_still_hold(tmp_path):
         reader.leave()
         trainer.leave()
         hub.stop()
+
+
+def test_an_aborted_relay_is_drained_before_its_buffers_are_reused(hub, make_client, caplog):
+    """A fetch aborts while a downstream reader still reads its present units; the caller reuses
+    `into` at once (as a retry does). The downstream reader must never see those bytes change
+    (before the fix: 'failed its checksum' at the downstream reader, then a re-plan)."""
+    import threading
+
+    from rlsync.hub.dataplane import DataPlaneConfig
+    chunked = ClientConfig(manifest=ManifestConfig(chunk_bytes=4096, pack_below=0))
+    trainer = make_client(host="t", rack="r-t", name="trainer", config=chunked)
+    trainer.publish("policy", 1, {"w": torch.arange(8192, dtype=torch.float32)})
+    relay = make_client(host="r", rack="r-r", name="relay",
+                        config=ClientConfig(dataplane=DataPlaneConfig(serve_delay_s=0.05)))
+    down = make_client(host="r", rack="r-r", name="downstream")
+    a = {"w": torch.empty(8192)}
+    real = relay._pull_all
+
+    def fails_after_four_units(sources, dest, per_source, used):
+        t0 = time.monotonic()
+        while dest.readers == 0 and time.monotonic() - t0 < 30:  # the downstream reader is on us
+            time.sleep(0.01)
+        real([dict(s, units=s["units"][:4]) for s in sources], dest, per_source, used)
+        return [], [E.BufferMismatchError("injected: a fatal error after four units")]
+
+    relay._pull_all = fails_after_four_units
+    outcome = {}
+
+    def relay_fetch_then_reuse():
+        try:
+            relay.fetch("policy", 1, into=a)
+        except E.HubError as e:
+            outcome["error"] = e
+            a["w"].fill_(-1.0)  # reuse at once, as a retry into the same buffers would
+
+    t = threading.Thread(target=relay_fetch_then_reuse)
+    t.start()
+    rid = f"{relay.worker_id}:policy:1:tp0-pp0:live"
+    t0 = time.monotonic()
+    while relay.store.get(rid) is None and time.monotonic() - t0 < 30:
+        time.sleep(0.01)
+    with caplog.at_level("WARNING", logger="rlsync.hub.client"):
+        got = down.fetch("policy", 1)   # planned on the relay (same host beats the trainer's)
+    t.join(30)
+    assert isinstance(outcome.get("error"), E.BufferMismatchError)
+    assert torch.equal(got.tensors["w"], torch.arange(8192, dtype=torch.float32))
+    assert not [r.getMessage() for r in caplog.records if "checksum" in r.getMessage()]
+    assert got.bytes_by_source.get(relay.worker_id, 0) > 0          # it did read from the relay

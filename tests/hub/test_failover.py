@@ -1,0 +1,125 @@
+"""A version is never reported lost or not-retained while a live replica exists: sources dying a few
+milliseconds into a fetch, a hub restart (replicas re-register; fetches wait for them), and a fetch
+the hub forgot across a restart or re-join. Real processes, kill -9."""
+import time
+
+import pytest
+
+from rlsync.hub import ClientConfig, HubClient, Location, ManifestConfig
+from rlsync.hub.dataplane import DataPlaneConfig
+from rlsync.hub.demo import start_hub_process
+from rlsync.hub.planner import PlannerConfig
+from rlsync.hub.procs import WorkerProcess, close_all
+from rlsync.hub.server import start_embedded_hub
+from rlsync.hub.state import HubConfig
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture
+def procs():
+    made = []
+
+    def make(address, token, name, slow_s=0.0, heartbeat_s=1.0):
+        cfg = ClientConfig(dataplane=DataPlaneConfig(serve_delay_s=slow_s, io_timeout_s=5.0),
+                           transport="tcp-py", manifest=ManifestConfig(chunk_bytes=1 << 20),
+                           hub_deadline_s=30.0, heartbeat_s=heartbeat_s)
+        w = WorkerProcess(address, token, cfg, name=name)
+        made.append(w)
+        return w
+
+    yield make
+    close_all(made)
+
+
+def wait_until(cond, timeout_s: float, what: str) -> float:
+    """Poll `cond` until true; returns the seconds it took. Fails the test past `timeout_s`."""
+    t0 = time.monotonic()
+    while not cond():
+        assert time.monotonic() - t0 < timeout_s, f"{what}: not within {timeout_s}s"
+        time.sleep(0.02)
+    return time.monotonic() - t0
+
+
+def test_holder_killed_milliseconds_into_a_fetch_replans_to_the_trainer(procs):
+    """The reader's only planned source dies 10-25 ms into its fetch: the trainer, alive, serves the rest."""
+    kills_ms = [10, 15, 20, 25]
+    with start_embedded_hub(config=HubConfig(planner=PlannerConfig(max_sources=1))) as hub:
+        trainer = procs(hub.address, hub.token, "trainer")
+        holders = [procs(hub.address, hub.token, f"holder{i}", slow_s=0.005) for i in range(len(kills_ms))]
+        reader = procs(hub.address, hub.token, "reader")
+        trainer.join(rack="r-train", host="t")
+        for i, h in enumerate(holders):
+            h.join(rack="r-roll", host=f"h{i}")
+        reader.join(rack="r-roll", host="r")
+        for v, (h, ms) in enumerate(zip(holders, kills_ms), start=1):
+            pub = trainer.call("publish", model="policy", version=v, size_mb=8, seed=v, buf=f"v{v}")
+            assert h.call("fetch", model="policy", version=v)["digest"] == pub["digest"]
+            tag = reader.start("fetch", model="policy", version=v, buf=f"r{v}")
+            time.sleep(ms / 1000)   # the fault's schedule, not a synchronization
+            h.kill()                # kill -9: the reader's planned source (peers before origin)
+            got = reader.wait(tag)
+            assert got["version"] == v and got["digest"] == pub["digest"]
+            assert got["bytes_by_source"].get(trainer.wid, 0) > 0
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_fetch_right_after_a_hub_restart_waits_for_re_registration(tmp_path, procs):
+    """kill -9 of the hub: a fetch the moment it is back gets the trainer's versions, never
+    'no worker holds it' (the trainer held them throughout and re-registers within the grace)."""
+    port = free_port()
+    proc, address, token = start_hub_process(str(tmp_path), port=port)
+    try:
+        trainer = procs(address, token, "trainer")
+        trainer.join(host="t")
+        pub1 = trainer.call("publish", model="policy", version=1, size_mb=2, seed=1, buf="v1")
+        pub2 = trainer.call("publish", model="policy", version=2, size_mb=2, seed=2, buf="v2")
+        reader = HubClient(address, token, config=ClientConfig(hub_deadline_s=30.0))
+        reader.join(Location(host="r"))
+        proc.kill()
+        proc.wait()
+        proc, _, _ = start_hub_process(str(tmp_path), port=port)
+        got1 = reader.fetch("policy", 1)   # v1 is no longer `latest`: held by the trainer only
+        got2 = reader.fetch("policy", "latest")
+        assert (got1.version, got2.version) == (1, 2)
+        from rlsync.hub.procs import digest
+        assert digest(got1.tensors) == pub1["digest"] and digest(got2.tensors) == pub2["digest"]
+        assert set(got1.bytes_by_source) == set(got2.bytes_by_source) == {trainer.wid}
+        reader.leave()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_fetch_the_hub_forgot_in_a_restart_replans_when_its_source_dies(tmp_path, procs):
+    """A reader mid-fetch across a hub restart, then its source dies: the restarted hub never heard of
+    that fetch, so the reader plans it anew (from the trainer) instead of failing 'unknown fetch'."""
+    port = free_port()
+    proc, address, token = start_hub_process(str(tmp_path), port=port)
+    try:
+        trainer = procs(address, token, "trainer")
+        a = procs(address, token, "a", slow_s=0.3)
+        b = procs(address, token, "b")
+        trainer.join(rack="r-train", host="t")
+        a.join(rack="r-roll", host="a")
+        b.join(rack="r-roll", host="b")
+        pub = trainer.call("publish", model="policy", version=1, size_mb=16, seed=5)
+        assert a.call("fetch", model="policy")["digest"] == pub["digest"]
+        tag = b.start("fetch", model="policy")
+        wait_until(lambda: sum(x["readers"] for x in a.call("served").values()) > 0, 30, "b reading from a")
+        proc.kill()
+        proc.wait()
+        proc, _, _ = start_hub_process(str(tmp_path), port=port)
+        a.kill()                            # b's source dies after the hub forgot b's fetch
+        got = b.wait(tag)
+        assert got["digest"] == pub["digest"]
+        assert got["bytes_by_source"].get(trainer.wid, 0) > 0, got
+    finally:
+        proc.kill()
+        proc.wait()
