@@ -23,10 +23,9 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from . import errors as E
+from .connection_watch import HubConnectionWatch
 from .dataplane import DataPlaneConfig, DataServer, read_from_source
 from .location import Location
 from .manifest import Manifest, ManifestConfig, allocate, build_manifest, dtype_name
@@ -94,43 +93,6 @@ def _overlaps(xs, ys) -> bool:
     """Do any of tensors `xs` share bytes with any of tensors `ys`?"""
     spans = [_span(t) for t in ys if t.numel()]
     return any(a < e and s < b for t in xs if t.numel() for a, b in [_span(t)] for s, e in spans)
-
-
-class _HubWatch:
-    """Watches the TCP connection to the hub with ZeroMQ's socket monitor (a DEALER that never sends).
-
-    A restarted hub is noticed the moment it listens again (ZeroMQ reconnects every 50 ms), so the
-    heartbeat re-joins and re-registers at once instead of after a timed-out heartbeat."""
-
-    def __init__(self, address: str) -> None:
-        self._sock = zmq.Context.instance().socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.RECONNECT_IVL, 50)
-        self._mon = self._sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
-        self._sock.connect(address)
-        self.down = False
-
-    def wait_reconnect(self, timeout_s: float) -> bool:
-        """Wait up to `timeout_s`; True as soon as the hub is reachable again after a disconnect."""
-        end = time.monotonic() + timeout_s
-        while (left := end - time.monotonic()) > 0:
-            if not self._mon.poll(max(1, int(left * 1000))):
-                return False
-            event = recv_monitor_message(self._mon)["event"]
-            if event == zmq.EVENT_DISCONNECTED:
-                self.down = True
-            elif event == zmq.EVENT_CONNECTED and self.down:
-                self.down = False
-                return True
-        return False
-
-    def close(self) -> None:
-        try:
-            self._sock.disable_monitor()
-        except Exception:  # noqa: BLE001 - closing anyway
-            pass
-        self._mon.close(0)
-        self._sock.close(0)
 
 
 class HubClient:
@@ -246,7 +208,7 @@ class HubClient:
 
     def _heartbeat_loop(self) -> None:
         rpc = RpcChannel(self.address, self._token, max(2.0, self.cfg.heartbeat_s * 2), deadline_s=0.0)
-        watch = _HubWatch(self.address)
+        watch = HubConnectionWatch(self.address)
         try:
             while not self._hb_stop.is_set():
                 if watch.wait_reconnect(self.cfg.heartbeat_s):
