@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rlsync.logs import setup_logging
+from .logs import setup_logging
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,6 +21,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -97,12 +98,16 @@ def _overlaps(xs, ys) -> bool:
 
 class HubClient:
     def __init__(self, address: str, token: str | None = None, *, token_file: str | None = None,
-                 config: ClientConfig | None = None) -> None:
+                 config: ClientConfig | None = None,
+                 on_fetch: Callable[[FetchResult], None] | None = None) -> None:
+        """`on_fetch`: called with every completed fetch's `FetchResult` (the caller's and the ones the
+        client starts itself, e.g. a seed worker following `latest`), after the replica is held."""
         if token is None:
             token = read_or_create_token(token_file) if token_file else os.environ.get("RLSYNC_HUB_TOKEN")
         if not token:
             raise E.AuthError("HubClient needs the hub's token (token=, token_file= or $RLSYNC_HUB_TOKEN)")
         self.address, self.cfg = address, config or ClientConfig()
+        self.on_fetch = on_fetch
         self._token = token
         self._rpc = RpcChannel(address, token, self.cfg.rpc_timeout_s, self.cfg.hub_deadline_s)
         self.store = ReplicaStore()
@@ -517,7 +522,10 @@ class HubClient:
         self._fetch_done(fid, ok=True, rep=dest, model=model, version=ver, shard=shard)
         self._held[rid] = (model, ver, shard, "live")
         secs = time.monotonic() - t0
-        return FetchResult(ver, dest_tensors, per_source, used, secs, manifest.nbytes)
+        result = FetchResult(ver, dest_tensors, per_source, used, secs, manifest.nbytes)
+        if self.on_fetch is not None:
+            self.on_fetch(result)
+        return result
 
     def _already_held(self, model: str, ver: int, shard: Shard, into, t0: float) -> FetchResult | None:
         """This worker already holds (model, ver, shard): no transfer. Copy into `into` if it is

@@ -37,7 +37,7 @@ def digest(tensors: dict[str, torch.Tensor]) -> str:
 
 
 def _worker_main(conn, address: str, token: str, client_cfg) -> None:
-    from rlsync.logs import setup_logging
+    from .logs import setup_logging
     from .client import HubClient
     from .location import Location
     from .shard import Shard

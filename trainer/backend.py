@@ -27,9 +27,9 @@ from typing import Any, Callable
 import torch
 
 from .advantage import AdvantageEstimator, build_adv_est, group_stats, sequence_rewards
-from .batch import Batch, BatchError
+from rlsync.core.batch import Batch, BatchError
 from .critic import ValueModel
-from .logprobs import critic_values, token_logprobs
+from rlsync.core.logprobs import critic_values, token_logprobs
 from .loss_value import build_value_loss
 from .masked import masked_mean
 from .policy_loss import PolicyLoss, build_policy_loss
@@ -218,6 +218,9 @@ class TrainerBackend:
         weights with `load_weights(name -> tensor to write)`, which returns their version (it becomes
         `self.version`). Every rank of the new group calls it; the optimizer is left as it was."""
         raise NotImplementedError
+
+    can_reset_optimizer: bool = True
+    """False: the optimizer is re-initialized by `reform` itself and `reset_optimizer` is not available."""
 
     def reset_optimizer(self) -> None:
         """Fresh optimizer state (moments zero, step 0) over the current parameters."""

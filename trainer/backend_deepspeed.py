@@ -44,11 +44,15 @@ import torch
 
 from .backend import TrainerBackend
 from .distributed import DistConfig, export_env, leave_process_group
+from .registry import register_backend
 
 log = logging.getLogger(__name__)
 
 
+@register_backend("deepspeed")
 class DeepSpeedBackend(TrainerBackend):
+    can_reset_optimizer = False
+
     @dataclass(kw_only=True)
     class Config(TrainerBackend.Config):
         zero_stage: int = 2

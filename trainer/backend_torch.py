@@ -30,10 +30,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .backend import TrainerBackend
 from .distributed import DistConfig, init_process_group, leave_process_group
+from .registry import register_backend
 
 log = logging.getLogger(__name__)
 
 
+@register_backend("torch")
 class TorchBackend(TrainerBackend):
     @dataclass(kw_only=True)
     class Config(TrainerBackend.Config):

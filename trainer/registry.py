@@ -1,78 +1,19 @@
-"""Name → class registries for the things people add: advantage estimators, policy and value losses.
-
-Adding an algorithm is one new file that decorates its class; nothing else is edited:
+"""The trainer's registries: advantage estimators, policy and value losses, optimizer backends.
 
     @register_adv_est("rloo")
     class RLOOAdvantage(AdvantageEstimator): ...
 
     get_adv_est("rloo")            # -> RLOOAdvantage
     get_adv_est("nope")            # UnknownNameError: unknown advantage estimator 'nope'; known: gae, grpo, rloo
-
-Simplifies: no plugin entry points; a registry is filled when its module is imported (the package's
-`__init__` imports the built-in algorithms). `Registry` is generic so rollout's reward and task
-registries reuse it.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Generic, TypeVar
+from rlsync.core.registry import DuplicateNameError, Registry, UnknownNameError
 
-T = TypeVar("T")
-
-
-class UnknownNameError(KeyError):
-    """A registry was asked for a name nobody registered. Carries the known names."""
-
-    def __init__(self, kind: str, name: str, known: list[str]):
-        self.kind, self.name, self.known = kind, name, known
-        super().__init__(f"unknown {kind} {name!r}; known: {', '.join(known) or '(none)'}")
-
-    def __str__(self) -> str:  # KeyError's str() adds quotes around the message
-        return self.args[0]
-
-
-class DuplicateNameError(ValueError):
-    """Two different objects were registered under one name."""
-
-
-class Registry(Generic[T]):
-    """A named table of classes (or functions) of one kind.
-
-    >>> r = Registry("widget"); r.register("a")(int); r.get("a")
-    <class 'int'>
-    """
-
-    def __init__(self, kind: str):
-        self.kind = kind
-        self._table: dict[str, T] = {}
-
-    def register(self, name: str) -> Callable[[T], T]:
-        def deco(obj: T) -> T:
-            old = self._table.get(name)
-            # Re-registering the same definition (a module imported twice) is harmless.
-            if old is not None and _ident(old) != _ident(obj):
-                raise DuplicateNameError(f"{self.kind} {name!r} is already registered to {old!r}")
-            self._table[name] = obj
-            return obj
-
-        return deco
-
-    def get(self, name: str) -> T:
-        try:
-            return self._table[name]
-        except KeyError:
-            raise UnknownNameError(self.kind, name, self.names()) from None
-
-    def names(self) -> list[str]:
-        return sorted(self._table)
-
-    def __contains__(self, name: str) -> bool:
-        return name in self._table
-
-
-def _ident(obj: object) -> tuple[str, str]:
-    return getattr(obj, "__module__", ""), getattr(obj, "__qualname__", repr(obj))
-
+__all__ = ["ADV_ESTIMATORS", "BACKENDS", "DuplicateNameError", "POLICY_LOSSES", "Registry", "UnknownNameError",
+           "VALUE_LOSSES", "get_adv_est", "get_backend", "get_policy_loss", "get_value_loss", "register_adv_est",
+           "register_backend", "register_policy_loss", "register_value_loss"]
 
 ADV_ESTIMATORS: Registry = Registry("advantage estimator")
 POLICY_LOSSES: Registry = Registry("policy loss")
@@ -84,3 +25,8 @@ register_policy_loss = POLICY_LOSSES.register
 get_policy_loss = POLICY_LOSSES.get
 register_value_loss = VALUE_LOSSES.register
 get_value_loss = VALUE_LOSSES.get
+
+BACKENDS: Registry = Registry("trainer backend")
+"""Optimizer backends (`trainer.backend`): `torch` (plain torch, DDP), `deepspeed` (ZeRO)."""
+register_backend = BACKENDS.register
+get_backend = BACKENDS.get

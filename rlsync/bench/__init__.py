@@ -12,12 +12,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+from rlsync.core.registry import Registry
+
 Scenario = Callable[[list[str]], int]
-SCENARIOS: dict[str, Scenario] = {}
-
-
-def register_scenario(name: str) -> Callable[[Scenario], Scenario]:
-    def deco(fn: Scenario) -> Scenario:
-        SCENARIOS[name] = fn
-        return fn
-    return deco
+SCENARIOS: Registry = Registry("bench scenario")
+register_scenario = SCENARIOS.register

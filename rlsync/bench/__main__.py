@@ -7,7 +7,7 @@ import pkgutil
 import sys
 
 import rlsync.bench as bench
-from rlsync.logs import setup_logging
+from rlsync.hub.logs import setup_logging
 
 
 def main(argv: list[str]) -> int:
@@ -18,11 +18,11 @@ def main(argv: list[str]) -> int:
                 importlib.import_module(f"{bench.__name__}.{mod.name}")
             except Exception as e:  # noqa: BLE001 - one broken scenario must not hide the others
                 logging.getLogger(__name__).warning("bench scenario module %r did not import: %s", mod.name, e)
-    names = sorted(bench.SCENARIOS)
+    names = bench.SCENARIOS.names()
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in bench.SCENARIOS:
         print(f"usage: python -m rlsync.bench {{{','.join(names)}}} [--help | ARGS]", file=sys.stderr)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
-    return bench.SCENARIOS[argv[0]](argv[1:])
+    return bench.SCENARIOS.get(argv[0])(argv[1:])
 
 
 if __name__ == "__main__":

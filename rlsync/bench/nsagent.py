@@ -213,7 +213,7 @@ def _exit() -> bool:
 
 # ---------------------------------------------------------------- agent process main
 def agent_main() -> int:
-    from rlsync.logs import setup_logging
+    from rlsync.hub.logs import setup_logging
     from . import baselines, raybase  # noqa: F401  (register the baselines' commands)
 
     setup_logging(os.environ.get("RLSYNC_AGENT_LOG", "WARNING"))

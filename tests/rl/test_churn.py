@@ -1,9 +1,10 @@
 """Pool policies and the source ledger: pure logic, milliseconds."""
 import pytest
 
-from rlsync.churn import JOIN, PREEMPT_KILL, PREEMPT_NOTICE, AutoscaleConfig, ChurnConfig, ChurnSchedule, autoscale_delta
-from rlsync.sources import Place, SourceLedger
-from rlsync.stall import Event
+from rlsync.pools.churn import JOIN, PREEMPT_KILL, PREEMPT_NOTICE, AutoscaleConfig, ChurnConfig, ChurnSchedule, autoscale_delta
+from rlsync.telemetry.sync_sources import Place, SourceLedger
+from rlsync.core.events import FetchEvent
+from rlsync.core.stall import Event
 
 MB = 1_000_000
 
@@ -42,8 +43,8 @@ def test_autoscale_grows_on_trainer_starvation_and_shrinks_on_idle_within_bounds
 
 
 def _fetch(worker, ts, by_source, dc="dc1", version=1, **kw):
-    return Event(worker, "rollout", "far", "fetch", ts, {"version": version, "bytes": 10 * MB,
-                                                        "bytes_by_source": by_source, "dc": dc, **kw})
+    ev = FetchEvent(version=version, bytes=10 * MB, seconds=0.1, bytes_by_source=by_source, dc=dc, **kw)
+    return Event(worker, "rollout", "far", FetchEvent.NAME, ts, ev.attrs())
 
 
 def test_ledger_splits_sources_and_counts_one_cross_dc_copy_per_version():

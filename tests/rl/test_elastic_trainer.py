@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from rlsync.driver import Driver
-from rlsync.elastic import TrainerChurnConfig, split_groups
-from rlsync.loggers import read_jsonl
+from rlsync.workers.elastic import TrainerChurnConfig, split_groups
+from rlsync.telemetry.loggers import read_jsonl
 
 
 def test_split_groups_whole_groups_as_even_as_possible():

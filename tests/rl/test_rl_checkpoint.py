@@ -1,7 +1,7 @@
 """CheckpointStore: commit marks complete, latest / resolve, pruning. Pure files, milliseconds."""
 import pytest
 
-from rlsync.checkpoint import DRIVER_STATE, CheckpointStore
+from rlsync.driver.checkpoint import DRIVER_STATE, CheckpointStore
 
 
 def test_commit_latest_prune_and_resolve(tmp_path):

@@ -7,9 +7,22 @@ from hydra import compose, initialize_config_module
 from hydra.errors import ConfigCompositionException
 
 import rlsync.config as config_module
-from rlsync.config import TrainConfig, register_configs, to_config
+from rlsync.config import TrainConfig, recipe_files, register_configs, to_config
 
-RECIPES = ["grpo_standalone", "ppo_standalone", "grpo_smollm2", "tiny_e2e", "grpo_elastic", "grpo_crossdc"]
+RECIPES = sorted(recipe_files())  # every recipes/*.yaml and recipes/tests/*.yaml: a new recipe is tested by being there
+
+
+def test_recipes_are_discovered_at_the_top_level_with_test_recipes_apart():
+    assert {"grpo_standalone", "grpo_elastic", "grpo_crossdc", "ppo_standalone", "tests/tiny_e2e"} <= set(RECIPES)
+    assert all(f.parent.name in ("recipes", "tests") for f in recipe_files().values())
+
+
+def test_a_derived_recipe_holds_only_its_difference_and_inherits_the_rest():
+    base, elastic = to_config(_compose("+recipe=grpo_standalone")), to_config(_compose("+recipe=grpo_elastic"))
+    assert "defaults" in recipe_files()["grpo_elastic"].read_text()
+    assert elastic.trainer.algo.optimizer.lr == base.trainer.algo.optimizer.lr  # from the base
+    assert elastic.checkpoint.every == base.checkpoint.every == 50
+    assert elastic.steps == 250 and elastic.pools["spot"].policy == "spot"    # its own
 
 
 def _compose(*overrides):

@@ -1,4 +1,4 @@
-"""End to end: the real `python -m rlsync.train +recipe=tiny_e2e` in a subprocess, from a foreign directory.
+"""End to end: the real `python -m rlsync.train +recipe=tests/tiny_e2e` in a subprocess, from a foreign directory.
 
 It joins the session's Ray cluster (`ray.address=...`, the path a user takes with an existing
 cluster) to skip a second cluster start-up, and runs the recipe's 3 steps with wandb offline.
@@ -8,13 +8,13 @@ import os
 import subprocess
 import sys
 
-from rlsync.loggers import read_jsonl
+from rlsync.telemetry.loggers import read_jsonl
 
 
 def test_train_cli_runs_a_tiny_recipe_and_leaves_metrics_trace_wandb_and_checkpoints(ray_address, tmp_path):
     run_dir = tmp_path / "run"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "1"}
-    p = subprocess.run([sys.executable, "-m", "rlsync.train", "+recipe=tiny_e2e", f"hydra.run.dir={run_dir}",
+    p = subprocess.run([sys.executable, "-m", "rlsync.train", "+recipe=tests/tiny_e2e", f"hydra.run.dir={run_dir}",
                         f"ray.address={ray_address}"], cwd=tmp_path, env=env, capture_output=True, text=True,
                        timeout=180)
     assert p.returncode == 0, p.stderr[-3000:]

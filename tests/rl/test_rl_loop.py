@@ -1,9 +1,9 @@
 """The loop on real Ray actors: weights only through the hub, the staleness bound, resume."""
 import json
 
-from rlsync.checkpoint import CheckpointStore
+from rlsync.driver.checkpoint import CheckpointStore
 from rlsync.driver import Driver
-from rlsync.loggers import read_jsonl
+from rlsync.telemetry.loggers import read_jsonl
 
 
 def test_resume_continues_versions_and_the_data_cursor(ray_address, tiny_cfg):

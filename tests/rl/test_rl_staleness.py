@@ -1,7 +1,7 @@
 """Staleness bound, sample buffer and request planning: pure logic, milliseconds."""
 import pytest
 
-from rlsync.staleness import SampleBuffer, StalenessBound, plan_request
+from rlsync.driver.staleness import SampleBuffer, StalenessBound, plan_request
 
 
 def test_bound_admits_up_to_k_versions_stale():

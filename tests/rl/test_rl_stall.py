@@ -9,7 +9,7 @@ assertions are on means over the steps after the first (start-up).
 from statistics import mean
 
 from rlsync.driver import Driver
-from rlsync.loggers import read_jsonl
+from rlsync.telemetry.loggers import read_jsonl
 
 
 def _run(cfg):

@@ -1,9 +1,9 @@
 import pytest
 
-from rlsync.loggers import JsonlLogger
-from rlsync.metrics import StepAggregator
-from rlsync.stall import StallClock
-from rlsync.trace import TraceWriter
+from rlsync.telemetry.loggers import JsonlLogger
+from rlsync.telemetry.metrics import StepAggregator
+from rlsync.core.stall import StallClock
+from rlsync.telemetry.trace import TraceWriter
 
 S = 1_000_000_000
 

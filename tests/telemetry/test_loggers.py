@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from rlsync.loggers import (
+from rlsync.telemetry.loggers import (
     STALL_DASHBOARD,
     JsonlLogger,
     LoggingConfig,
@@ -18,7 +18,7 @@ from rlsync.loggers import (
     make_logger,
     read_jsonl,
 )
-from rlsync.metrics import STALL_CAUSE_KEYS
+from rlsync.telemetry.metrics import STALL_CAUSE_KEYS
 
 
 class FakeScalar:  # a torch/numpy scalar's shape

@@ -4,8 +4,8 @@ import time
 
 import pytest
 
-from rlsync.metrics import STALL_CAUSE_KEYS, HubStats, StepAggregator, StepMetrics, SyncStats
-from rlsync.stall import Event, Interval, StallClock, now_ns
+from rlsync.telemetry.metrics import STALL_CAUSE_KEYS, HubStats, StepAggregator, StepMetrics, SyncStats
+from rlsync.core.stall import Event, Interval, StallClock, now_ns
 
 S = 1_000_000_000
 

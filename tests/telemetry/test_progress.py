@@ -2,7 +2,7 @@ import io
 
 from rich.console import Console
 
-from rlsync.progress import StepProgress
+from rlsync.telemetry.progress import StepProgress
 
 
 def test_disabled_is_a_silent_noop():

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from rlsync.loggers import read_jsonl
+from rlsync.telemetry.loggers import read_jsonl
 from rlsync.report import build_report
 
 PNGS = ["stall_by_cause.png", "idle_ratio.png", "reward.png", "sync.png", "timeline.png"]

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from rlsync.stall import Event, Interval, State, StallClock, now_ns, summarize
+from rlsync.core.stall import Event, Interval, State, StallClock, now_ns, summarize
 
 S = 1_000_000_000
 

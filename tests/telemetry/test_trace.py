@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from rlsync.stall import Event, Interval, StallClock
-from rlsync.trace import TraceWriter, load_trace
+from rlsync.core.stall import Event, Interval, StallClock
+from rlsync.telemetry.trace import TraceWriter, load_trace
 
 S = 1_000_000_000
 

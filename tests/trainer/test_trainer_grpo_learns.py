@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 
-from rlsync.trainer.local_loop import LocalLoopConfig, run_local_loop
+from rlsync.local import LocalLoopConfig, run_local_loop
 
 STEPS = 90
 

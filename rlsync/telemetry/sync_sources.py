@@ -28,7 +28,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from rlsync.stall import Event, Record
+from rlsync.core.events import FetchEvent
+from rlsync.core.stall import Event, Record
 
 __all__ = ["Place", "SourceLedger", "SOURCE_KINDS"]
 
@@ -64,15 +65,16 @@ class SourceLedger:
         out.update({"sync/cross_dc_bytes": 0.0, "sync/cross_dc_copies": 0.0, "sync/join_fetches": 0.0,
                     "sync/join_fetches_from_trainer": 0.0})
         used: set[str] = set()
-        fetches = [r for r in (*self._carry, *records) if isinstance(r, Event) and r.name == "fetch"]
+        fetches = [r for r in (*self._carry, *records) if isinstance(r, Event) and r.name == FetchEvent.NAME]
         # A fetch drained with this window but stamped after its end belongs to the next one.
         self._carry = [r for r in fetches if r.ts_ns >= end_ns]
         for r in fetches:
             if not start_ns <= r.ts_ns < end_ns:
                 continue
-            by_src = r.attrs.get("bytes_by_source") or {}
-            nbytes = int(r.attrs.get("bytes", 0)) or sum(by_src.values()) or 1
-            reader_dc = r.attrs.get("dc", self.trainer_dc)
+            ev = FetchEvent.from_attrs(r.attrs)
+            by_src = ev.bytes_by_source
+            nbytes = ev.bytes or sum(by_src.values()) or 1
+            reader_dc = ev.dc or self.trainer_dc
             cross = 0
             from_trainer = False
             for wid, n in by_src.items():
@@ -87,9 +89,9 @@ class SourceLedger:
             out["sync/cross_dc_bytes"] += cross
             out["sync/cross_dc_copies"] += cross / nbytes
             if cross:
-                self._cross_by_version[int(r.attrs.get("version", -1))] += cross
+                self._cross_by_version[ev.version] += cross
                 self._model_bytes = nbytes
-            if r.attrs.get("join"):
+            if ev.join:
                 out["sync/join_fetches"] += 1
                 out["sync/join_fetches_from_trainer"] += from_trainer
         out["sync/sources_used"] = float(len(used))

@@ -1,12 +1,13 @@
 """A single-process, synchronous RL loop: the smallest whole pipeline, for tests, docs and smoke runs.
 
-    scripts/run python -m rlsync.trainer.local_loop --task reverse --steps 150     # prints a learning curve
+    scripts/run python -m rlsync.local --task reverse --steps 150     # prints a learning curve
 
 Each step: sample `prompts_per_step` prompts × `group_size` responses with the rollout engine,
 score them with the task's verifier, train one step, then copy the trainer's weights into the
 engine through the same interfaces the hub uses (`named_parameters_for_sync` → `load_state`).
 
-Simplifies: no Ray, no hub, no asynchrony (staleness 0). The real driver lives in `rlsync/`.
+Simplifies: no Ray, no hub, no asynchrony (staleness 0). The real driver is `rlsync.driver`. It lives
+here, beside the driver, because it uses both the trainer and rollout rooms (which never import each other).
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .backend import OptimizerConfig
-from .backend_torch import TorchBackend
+from rlsync.hub.logs import setup_logging
+from rlsync.rollout import RolloutEngine, TinyModelConfig, build_task, build_tiny_model
+from rlsync.trainer import OptimizerConfig, TorchBackend
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +61,6 @@ def run_local_loop(cfg: LocalLoopConfig) -> list[dict[str, float]]:
 
 
 def _run(cfg: LocalLoopConfig) -> list[dict[str, float]]:
-    from rlsync.rollout import RolloutEngine, TinyModelConfig, build_task, build_tiny_model
-
     torch.manual_seed(cfg.seed)
     task = build_task(cfg.task, seed=cfg.seed)
     tok = task.tokenizer
@@ -96,7 +96,7 @@ def main() -> None:
     p.add_argument("--every", type=int, default=10, help="print one line per this many steps")
     p.add_argument("--jsonl", default=None, help="also write every step's metrics here")
     a = p.parse_args()
-    logging.basicConfig(level=logging.WARNING)
+    setup_logging("WARNING")
     cfg = LocalLoopConfig(task=a.task, steps=a.steps, seed=a.seed, arch=a.arch)
     cfg.trainer.optimizer.lr = a.lr
     hist = run_local_loop(cfg)

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
-from rlsync.stall import Event, Interval, Record, now_ns
+from rlsync.core.stall import Event, Interval, Record, now_ns
 
 __all__ = ["TraceWriter", "load_trace", "STATE_COLORS"]
 

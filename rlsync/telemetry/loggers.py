@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
-from rlsync.metrics import STALL_CAUSE_KEYS
+from rlsync.telemetry.metrics import STALL_CAUSE_KEYS
 
 __all__ = [
     "MetricLogger",

@@ -17,11 +17,11 @@ Weights never pass through Ray or the driver: calls carry prompts, scored sample
 driver audits this: every tensor it sends or receives is counted (`ray/payload_bytes`) and checked
 against the model's parameter shapes (`ray/weight_like_tensors`, always 0).
 
-Rollout pools are elastic (rlsync/pools.py): a `PoolSet` starts them, runs their churn schedules and
-autoscale rule after each step, adopts pools attached with `python -m rlsync.pool join`, and turns
+Rollout pools are elastic (rlsync/pools/pool_set.py): a `PoolSet` starts them, runs their churn schedules and
+autoscale rule after each step, adopts pools attached with `python -m rlsync.pools join`, and turns
 joins and leaves into refs this loop waits on with the rest, so the loop never blocks on one worker.
 
-The trainer ranks are a `TrainerGroup` (rlsync/trainer_group.py). Static by default: a dead rank
+The trainer ranks are a `TrainerGroup` (rlsync/workers/trainer_group.py). Static by default: a dead rank
 ends the run. With `trainer.elastic.enabled=true` a failed step re-forms the group at the new world
 size with the hub's latest committed weights, and the loop trains the same batch again (or counts
 the step if it had committed); ranks added mid-run join at a step boundary (docs/elastic.md).
@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -42,55 +43,24 @@ from typing import Any
 import ray
 import torch
 
-from rlsync.checkpoint import CheckpointStore
 from rlsync.config import TrainConfig, as_dict
-from rlsync.loggers import make_logger
-from rlsync.metrics import HubStats, StepAggregator
-from rlsync.pools import PoolSet
-from rlsync.progress import StepProgress
-from rlsync.stall import now_ns
-from rlsync.staleness import SampleBuffer, StalenessBound, plan_request
-from rlsync.trace import TraceWriter
-from rlsync.trainer.batch import Batch
-from rlsync.trainer_group import TrainerGroup, TrainerGroupError
-from rlsync.workers import build_policy
+from rlsync.core.stall import now_ns
+from rlsync.driver.audit import PayloadAudit
+from rlsync.driver.checkpoint import CheckpointStore
+from rlsync.driver.staleness import SampleBuffer, StalenessBound, plan_request
+from rlsync.pools.pool_set import PoolSet
+from rlsync.telemetry.loggers import make_logger
+from rlsync.telemetry.metrics import HubStats, StepAggregator
+from rlsync.telemetry.progress import StepProgress
+from rlsync.telemetry.trace import TraceWriter
+from rlsync.workers.policy import build_policy
+from rlsync.workers.trainer_group import TrainerGroup, TrainerGroupError
 
 log = logging.getLogger(__name__)
 
 
 class RunError(RuntimeError):
     """The run cannot go on (a trainer rank died, no rollout worker is left, a call timed out)."""
-
-
-class PayloadAudit:
-    """Counts tensor bytes crossing Ray in the driver's calls and flags any shaped like a parameter."""
-
-    def __init__(self, param_shapes: dict[str, tuple[int, ...]], min_numel: int = 256):
-        self.shapes = {s for s in param_shapes.values() if _numel(s) >= min_numel}
-        self.bytes = 0
-        self.weight_like = 0
-
-    def see(self, obj: Any) -> Any:
-        if isinstance(obj, torch.Tensor):
-            self.bytes += obj.numel() * obj.element_size()
-            self.weight_like += tuple(obj.shape) in self.shapes
-        elif isinstance(obj, Batch):
-            for v in vars(obj).values():
-                self.see(v)
-        elif isinstance(obj, dict):
-            for v in obj.values():
-                self.see(v)
-        elif isinstance(obj, (list, tuple)):
-            for v in obj:
-                self.see(v)
-        return obj
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 class Driver:
@@ -102,7 +72,12 @@ class Driver:
         self.n_rollout = sum(p.size for p in cfg.pools.values())
         r = cfg.rollout
         self.ppr = r.prompts_per_request or max(1, -(-r.prompts_per_step // max(1, self.n_rollout)))
+        self._stop_requested = threading.Event()
         self._validate()
+
+    def stop(self) -> None:
+        """Ask a running `run()` to end after the step in progress (thread-safe); it then shuts down as usual."""
+        self._stop_requested.set()
 
     def _validate(self) -> None:
         c = self.cfg
@@ -149,7 +124,7 @@ class Driver:
         if getattr(self, "trainers", None) is not None:
             self.trainers.shutdown()
         if getattr(self, "_stats_client", None) is not None:
-            self._stats_client._rpc.close()  # no public close for a client that never joined (hub asks)
+            self._stats_client.close()
         if getattr(self, "hub", None) is not None:
             self.hub.stop()
 
@@ -216,7 +191,7 @@ class Driver:
         step_start_ns = agg.window_start_ns
         step_stats: dict[str, float] = defaultdict(float)
         last_progress = time.monotonic()
-        while step < c.steps:
+        while step < c.steps and not self._stop_requested.is_set():
             # 0. pools: start leaves of preempted workers whose call is back, adopt attached pools
             self.pools.poll(busy)
             # 1. hand out prompts to free rollout workers, never more than k versions ahead
@@ -276,9 +251,9 @@ class Driver:
                     if self.totals["pool/failed_requests"] > c.max_failed_requests:
                         raise RunError(f"more than {c.max_failed_requests} rollout requests failed") from e
                     continue
-                for b in res["groups"]:
-                    buf.add(res["version"], b, samples=len(b))
-                step_stats["timing_s/generate"] += res["generate_s"]
+                for b in res.groups:
+                    buf.add(res.version, b, samples=len(b))
+                step_stats["timing_s/generate"] += res.generate_s
                 continue
             # a trainer rank finished: wait for the others, then close the step
             metrics = self._finish_train(train_refs)

@@ -5,7 +5,7 @@
     split_groups(list(range(5)), 2)                         # [[0, 1, 2], [3, 4]]: whole groups per rank
     churn.kills_during(6)                                   # 1: kill one rank while step 6 trains
 
-What the group does with them is rlsync/trainer_group.py; the rule and the commands are docs/elastic.md.
+What the group does with them is rlsync/workers/trainer_group.py; the rule and the commands are docs/elastic.md.
 """
 
 from __future__ import annotations

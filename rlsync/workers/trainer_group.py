@@ -35,9 +35,10 @@ from typing import Any, Callable
 import ray
 
 from rlsync.config import TrainConfig
-from rlsync.elastic import split_groups
-from rlsync.trainer.batch import Batch
-from rlsync.workers import TrainerWorker, WorkerGroup
+from rlsync.workers.elastic import split_groups
+from rlsync.core.batch import Batch
+from rlsync.workers.group import WorkerGroup
+from rlsync.workers.trainer_worker import TrainerWorker
 
 log = logging.getLogger(__name__)
 

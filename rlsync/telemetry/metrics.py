@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from rlsync.stall import PRODUCTIVE_STATES, Event, Interval, Record, State, now_ns, summarize
+from rlsync.core.stall import PRODUCTIVE_STATES, Event, Interval, Record, State, now_ns, summarize
 
 __all__ = [
     "SIDES",

@@ -1,0 +1,222 @@
+"""The transfer benchmark's contenders: rlsync's data plane (tcp native, tcp-py, shm), iperf3, Mooncake.
+
+Each moves `size` bytes from one process to another per `once()`; `setup()` may raise `Skip`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing as mp
+import os
+import socket
+import subprocess
+import time
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+from .provision import Skip, ensure_iperf3, ensure_mooncake
+
+log = logging.getLogger(__name__)
+
+_REPLICA = "bench:live"
+
+
+class Contender(ABC):
+    name: str
+    key: str
+    """What `--skip` calls it."""
+
+    def setup(self) -> None:
+        """Start peers; raise Skip(reason) if this contender cannot run here."""
+
+    @abstractmethod
+    def run_once(self) -> float:
+        """Move the bytes once; return GB/s."""
+
+    def close(self) -> None:
+        pass
+
+
+def _serve_source(size: int, chunk_bytes: int, public_key: bytes, pipe) -> None:
+    """Child process: hold `size` bytes as a full replica and serve them until told to stop.
+
+    Between reads the parent may send ("zero_copy", bool) to switch the native engine's send mode.
+    """
+    import torch
+
+    from rlsync.hub.dataplane import DataPlaneConfig, DataServer
+    from rlsync.hub.manifest import ManifestConfig, build_manifest
+    from rlsync.hub.store import LocalReplica, ReplicaStore
+    from rlsync.hub.tickets import TicketVerifier
+    from rlsync.hub.transports import available_transports
+    from rlsync.hub.transports.shm import boot_id
+    from rlsync.hub.transports.tcp_native import NativeTcpTransport
+
+    block = torch.randint(0, 256, (1 << 20,), dtype=torch.uint8)
+    data = block.repeat(size // block.numel() + 1)[:size].clone()  # touched: warm
+    tensors = {"weights": data}
+    manifest = build_manifest(tensors, ManifestConfig(chunk_bytes=chunk_bytes))
+    store = ReplicaStore()
+    store.add(LocalReplica(_REPLICA, manifest, tensors, full=True))
+    server = DataServer(store, DataPlaneConfig())
+    server.worker_id, server.verifier = "source", TicketVerifier(public_key)
+    pipe.send({"endpoint": {"tcp": server.address, "pid": os.getpid(), "boot_id": boot_id(), "host": "local",
+                            "transports": available_transports()},
+               "manifest": manifest.to_wire()})
+    while (msg := pipe.recv()) != "stop":
+        NativeTcpTransport.zero_copy_send = bool(msg[1])
+        pipe.send("ok")
+    server.close()
+
+
+class RlsyncSource:
+    """The source process every rlsync contender reads from, and the reader-side state they share."""
+
+    def __init__(self, size: int, chunk_bytes: int) -> None:
+        import torch
+
+        from rlsync.hub.manifest import Manifest
+        from rlsync.hub.tickets import Ticket, TicketSigner
+
+        signer = TicketSigner()
+        ctx = mp.get_context("spawn")
+        self._pipe, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve_source, args=(size, chunk_bytes, signer.public_bytes, child), daemon=True)
+        self._proc.start()
+        if not self._pipe.poll(300):
+            raise RuntimeError("the rlsync source process did not start within 300 s")
+        hello = self._pipe.recv()
+        self.endpoint = hello["endpoint"]
+        self.manifest = Manifest.from_wire(hello["manifest"])
+        self.ticket = signer.sign(Ticket("bench", "reader", "source", _REPLICA, time.time() + 24 * 3600))
+        self.into = {"weights": torch.zeros(size, dtype=torch.uint8)}  # zeros: pages touched, warm
+        self._zero_copy: bool | None = None  # unknown: the first read sets it
+
+    def read(self, transport_name: str, streams: int, zero_copy: bool = True) -> float:
+        from rlsync.hub.dataplane import read_from_source
+        from rlsync.hub.store import LocalReplica
+        from rlsync.hub.transports import get_transport
+
+        if zero_copy != self._zero_copy:  # the source's send mode, switched between reads
+            self._pipe.send(("zero_copy", zero_copy))
+            self._pipe.recv()
+            self._zero_copy = zero_copy
+        transport = get_transport(transport_name)
+        dest = LocalReplica("bench:dest", self.manifest, self.into, full=False)
+        units = list(range(len(self.manifest.units)))
+        t0 = time.perf_counter()
+        n = read_from_source(transport, self.endpoint, self.ticket, _REPLICA, units, dest, 60.0, streams=streams)
+        dt = time.perf_counter() - t0
+        assert dest.complete and n == self.manifest.nbytes
+        return n / dt / 1e9
+
+    def close(self) -> None:
+        try:
+            self._pipe.send("stop")
+        except OSError:
+            pass
+        self._proc.join(timeout=10)
+        if self._proc.is_alive():
+            self._proc.kill()
+
+
+class RlsyncContender(Contender):
+    def __init__(self, source: RlsyncSource, transport: str, streams: int, label: str, zero_copy: bool = True,
+                 key: str = "") -> None:
+        self.source, self.transport, self.streams, self.name = source, transport, streams, label
+        self.zero_copy, self.key = zero_copy, key or transport
+
+    def setup(self) -> None:
+        from rlsync.hub.errors import TransportUnavailableError
+        from rlsync.hub.transports import get_transport
+
+        try:
+            get_transport(self.transport)
+        except TransportUnavailableError as e:
+            raise Skip(str(e)) from None
+        if self.transport not in self.source.endpoint["transports"]:
+            raise Skip(f"the source process does not serve {self.transport!r}")
+
+    def run_once(self) -> float:
+        return self.source.read(self.transport, self.streams, self.zero_copy)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Iperf3Contender(Contender):
+    name, key = "iperf3 single stream", "iperf3"
+
+    def __init__(self, size: int) -> None:
+        self.size, self._server = size, None
+
+    def setup(self) -> None:
+        self._bin = ensure_iperf3()
+        self._port = _free_port()
+        self._server = subprocess.Popen([self._bin, "-s", "-B", "127.0.0.1", "-p", str(self._port)],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(0.3)
+
+    def run_once(self) -> float:
+        for attempt in range(20):  # the server may still be starting, or finishing the previous test
+            r = subprocess.run([self._bin, "-c", "127.0.0.1", "-p", str(self._port), "-n", str(self.size), "-J"],
+                               capture_output=True, text=True)
+            out = json.loads(r.stdout or "{}")
+            if r.returncode == 0 and "error" not in out:
+                recv = out["end"]["sum_received"]
+                return recv["bytes"] / recv["seconds"] / 1e9
+            time.sleep(0.2)
+        raise RuntimeError(f"iperf3 client failed: {out.get('error', r.stderr)}")
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.terminate()
+            self._server.wait(timeout=5)
+
+
+class MooncakeContender(Contender):
+    name, key = "Mooncake TCP (write)", "mooncake"
+
+    def __init__(self, size: int, cache: Path) -> None:
+        self.size, self.cache = size, cache
+        self._target = self._initiator = None
+
+    def _spawn(self, *args: str) -> subprocess.Popen:
+        script = Path(__file__).with_name("_mooncake_peer.py")
+        return subprocess.Popen([self._py, str(script), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True)
+
+    def _line(self, p: subprocess.Popen) -> dict:
+        while True:
+            line = p.stdout.readline()
+            if not line:
+                raise Skip(f"Mooncake peer exited (code {p.poll()}) before answering")
+            if line.startswith("{"):
+                return json.loads(line)
+
+    def setup(self) -> None:
+        self._py = ensure_mooncake(self.cache)
+        self._target = self._spawn("target", str(self.size))
+        hello = self._line(self._target)
+        self._initiator = self._spawn("write", str(self.size), f"127.0.0.1:{hello['port']}", str(hello["ptr"]))
+        self._line(self._initiator)
+
+    def run_once(self) -> float:
+        self._initiator.stdin.write("go\n")
+        self._initiator.stdin.flush()
+        r = self._line(self._initiator)
+        if r["rc"] != 0:
+            raise RuntimeError(f"Mooncake transfer_sync_write returned {r['rc']}")
+        return self.size / r["seconds"] / 1e9
+
+    def close(self) -> None:
+        for p in (self._initiator, self._target):
+            if p is not None:
+                p.stdin.close()
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    p.kill()

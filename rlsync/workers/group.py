@@ -1,0 +1,119 @@
+"""Worker actors' common lifecycle: process set-up, the hub client they join with, `WorkerGroup`.
+
+Plain worker classes (testable without Ray) get a `drain_stall` method from `with_telemetry`;
+`WorkerGroup` turns them into Ray actors with a `telemetry` concurrency group, so the driver can cut
+a step window while the worker is busy. Weights never travel in a call's arguments or results.
+
+    group = WorkerGroup("main", RolloutWorker, lambda i: (cfg, "main", i, addr, token), num_cpus=0.5)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Callable
+
+import ray
+import torch
+
+from rlsync.config import TrainConfig
+from rlsync.hub.logs import setup_logging
+
+log = logging.getLogger(__name__)
+
+WORKER_ENV = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1",
+              # DeepSpeed's compiled op is cached here (scripts/run's default too): never rebuild it per run.
+              "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR",
+                                                     os.path.expanduser("~/.cache/torch_extensions"))}
+
+
+
+def process_setup(cfg: TrainConfig) -> None:
+    """What every worker process does first: environment, logging, intra-op threads."""
+    os.environ.update(WORKER_ENV)
+    setup_logging()
+    torch.set_num_threads(max(1, cfg.ray.torch_threads))
+
+
+def hub_client(cfg: TrainConfig, address: str, token: str, location, name: str, *, on_fetch=None, **join):
+    """A `HubClient` joined at `location` (a `LocationConfig`), configured by the run's `hub` section."""
+    from rlsync.hub import ClientConfig, HubClient, Location
+
+    hub = HubClient(address, token=token, config=ClientConfig(transport=cfg.hub.transport), on_fetch=on_fetch)
+    hub.join(Location(dc=location.dc, rack=location.rack, host=location.host), name=name, **join)
+    return hub
+
+
+def with_telemetry(cls):
+    """Give a worker class the `drain_stall` method every worker exposes."""
+
+    def drain_stall(self) -> list:
+        """Closed state intervals and events since the last drain (the open interval is cut at now)."""
+        return self.clock.drain()
+
+    cls.drain_stall = drain_stall
+    return cls
+
+
+class WorkerGroup:
+    """A named set of Ray actors of one worker class with a common lifecycle: start, add, remove, kill.
+
+        group = WorkerGroup("main", RolloutWorker, lambda i: (cfg, "main", i, addr, token), num_cpus=0.5)
+        group.start(2); group.members            # {"main-0": handle, "main-1": handle}
+        group.remove("main-1")                   # graceful: leaves the hub, then the actor ends
+        group.kill("main-0")                     # no notice (what a spot preemption looks like)
+
+    Actor creation is asynchronous: `start`/`add` return at once; `wait_ready` blocks with a timeout.
+    """
+
+    def __init__(self, name: str, worker_cls: type, make_args: Callable[[int], tuple], *,
+                 num_cpus: float = 0.5, env: dict[str, str] | None = None, first_index: int = 0):
+        self.name, self.make_args = name, make_args
+        self._actor = ray.remote(concurrency_groups={"telemetry": 1})(worker_cls)
+        self._opts = dict(num_cpus=num_cpus, max_restarts=0, max_concurrency=1,
+                          runtime_env={"env_vars": {**WORKER_ENV, **(env or {})}})
+        self.members: dict[str, Any] = {}
+        self._next = first_index
+
+    def add(self, *, namespace: str | None = None, detached: bool = False) -> str:
+        """Start one more actor; with `namespace` it is named `<key>` there (and `detached` outlives its creator)."""
+        i = self._next
+        self._next += 1
+        key = f"{self.name}-{i}"
+        named = dict(name=key, namespace=namespace) if namespace else dict(name=None)
+        if detached:
+            named["lifetime"] = "detached"
+        self.members[key] = self._actor.options(**named, **self._opts).remote(*self.make_args(i))
+        return key
+
+    def adopt(self, key: str, handle: Any) -> None:
+        """Take over an actor someone else started (a pool attached by `python -m rlsync.pools join`)."""
+        self.members[key] = handle
+        self._next = max(self._next, int(key.rsplit("-", 1)[1]) + 1) if key.rsplit("-", 1)[-1].isdigit() else self._next
+
+    def start(self, n: int) -> list[str]:
+        return [self.add() for _ in range(n)]
+
+    def wait_ready(self, timeout_s: float) -> dict[str, Any]:
+        keys = list(self.members)
+        return dict(zip(keys, ray.get([self.members[k].ready.remote() for k in keys], timeout=timeout_s)))
+
+    def drain_refs(self) -> dict[str, Any]:
+        return {k: h.drain_stall.options(concurrency_group="telemetry").remote() for k, h in self.members.items()}
+
+    def remove(self, key: str, timeout_s: float = 10.0) -> None:
+        """Graceful: the worker leaves the hub (runs retention), then the actor is ended."""
+        h = self.members.pop(key)
+        try:
+            ray.get(h.shutdown.remote(), timeout=timeout_s)
+        except Exception as e:  # noqa: BLE001 - a dead or stuck worker is killed anyway
+            log.warning("worker %s did not shut down cleanly: %s", key, e)
+        ray.kill(h, no_restart=True)
+
+    def kill(self, key: str) -> None:
+        """Without notice: the hub notices by heartbeat timeout."""
+        ray.kill(self.members.pop(key), no_restart=True)
+
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        for key in list(self.members):
+            self.remove(key, timeout_s)
