@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlsync.hub import ClientConfig, HubConfig, RetentionConfig
 from rlsync.pools.churn import AutoscaleConfig, ChurnConfig
 from rlsync.telemetry.loggers import LoggingConfig
 from rlsync.rollout.engine import RolloutEngine
@@ -50,26 +51,33 @@ class RayConfig:
     """Intra-op threads per worker actor; tiny models run fastest on one."""
 
 
+def _run_hub_server() -> HubConfig:
+    # The one deliberate difference from the hub's own defaults: the run's trainer releases the last
+    # full replica of `latest` every step, and prefer_seed=True seeds a host copy at once instead of
+    # waiting for a relay (the hub library's default, False, suits a standalone hub). docs/rl.md.
+    return HubConfig(retention=RetentionConfig(prefer_seed=True))
+
+
 @dataclass(kw_only=True)
-class HubRunConfig:
+class EmbeddedHubConfig:
+    """The embedded hub weights move through, and how every worker's client talks to it.
+
+    `server` and `client` are the hub's own typed configs, embedded as they are (every hub knob is an
+    override, e.g. `hub.server.planner.fanout_cap=8`, `hub.client.dataplane.host=0.0.0.0`)."""
+
     host: str = "127.0.0.1"
-    """Interface the driver's embedded hub binds to (loopback unless workers span hosts)."""
+    """Interface the driver's embedded hub (control plane) binds to (loopback unless workers span hosts)."""
     model_name: str = "policy"
     """Name of the policy model in the hub."""
-    transport: str | None = None
-    """Force a data-plane transport (tcp, tcp-py, shm); None: the best usable per pair of workers."""
-    retain_last: int = 1
-    """Newest committed versions the hub keeps retrievable."""
-    worker_timeout_s: float = 15.0
-    """The hub expires a worker silent this long (a rollout killed without notice stays a source until then)."""
-    cross_dc_streams: int = 1
-    """Transfers of one version allowed to cross into a DC at a time (hub PlannerConfig); later readers relay in-DC."""
     seed_dcs: list[str] = field(default_factory=list)
     """DCs that get a seed worker (`role="seed", follow=True`): it keeps `latest` in its DC and takes hand-offs
     from workers preempted with notice, even when every rollout there is busy or gone."""
-    prefer_seed: bool = True
-    """The trainer's release of the last full replica of `latest` seeds a host copy at once instead of
-    waiting for a relay (a relay that reads from the releasing trainer could otherwise lose its source)."""
+    server: HubConfig = field(default_factory=_run_hub_server)
+    """The hub's `HubConfig`: planner (fan-out cap, striping, cross_dc_streams), retention (retain_last,
+    prefer_seed: True here, see above), worker_timeout_s, ticket_ttl_s, suspect_s."""
+    client: ClientConfig = field(default_factory=ClientConfig)
+    """Every worker's `ClientConfig`: transport (None: best usable per pair), manifest (chunking), dataplane
+    (bind host: 127.0.0.1 unless workers span hosts; streams, timeouts), RPC timeouts, heartbeat."""
 
 
 @dataclass(kw_only=True)
@@ -199,7 +207,7 @@ class TrainConfig:
     """Batching and the staleness bound."""
     pools: dict[str, PoolConfig] = field(default_factory=lambda: {"main": PoolConfig(size=2)})
     """Rollout pools by name."""
-    hub: HubRunConfig = field(default_factory=HubRunConfig)
+    hub: EmbeddedHubConfig = field(default_factory=EmbeddedHubConfig)
     """The embedded hub weights move through."""
     ray: RayConfig = field(default_factory=RayConfig)
     """The Ray cluster the worker groups run on."""
@@ -240,7 +248,90 @@ def to_config(cfg: Any) -> TrainConfig:
 
     obj = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), cfg))
     assert isinstance(obj, TrainConfig)
-    return obj
+    return check_config(obj)
+
+
+def unknown_override(override: str) -> str | None:
+    """Why a command-line override `a.b.c=v` names no field of the schema (with the valid keys there), or None.
+
+    Hydra refuses such a key too, but without the choices; this says them. `+`/`~` overrides, Hydra's
+    own keys and keys under a mapping (`pools.<name>`, `task.args`) are left to Hydra.
+    """
+    key = override.split("=", 1)[0]
+    if "=" not in override or key.startswith(("+", "~", "hydra")):
+        return None
+    node: Any = TrainConfig
+    path = []
+    for part in key.split("."):
+        if not (isinstance(node, type) and dataclasses.is_dataclass(node)):
+            return None  # a mapping or a leaf: Hydra/OmegaConf check the rest
+        fields = {f.name: f for f in dataclasses.fields(node)}
+        if part not in fields:
+            where = ".".join(path) or "the top level"
+            return f"unknown config key {key!r}: {where} has {', '.join(sorted(fields))}"
+        path.append(part)
+        node = _field_type(node, fields[part])
+    return None
+
+
+def _field_type(owner: type, f: dataclasses.Field) -> Any:
+    import typing
+
+    try:
+        return typing.get_type_hints(owner)[f.name]
+    except Exception:  # noqa: BLE001 - an unresolvable annotation: stop checking there
+        return None
+
+
+class ConfigError(ValueError):
+    """A config value no component accepts: names the key and the valid choices. Raised before anything starts."""
+
+
+def _check_args(where: str, config_cls: type, args: dict[str, Any]) -> None:
+    """`args` must be fields of `config_cls` of the right type (OmegaConf checks them against the dataclass)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    fields = sorted(f.name for f in dataclasses.fields(config_cls))
+    unknown = sorted(set(args) - set(fields))
+    if unknown:
+        raise ConfigError(f"{where}.{unknown[0]}: not a field of {config_cls.__qualname__}; valid: {', '.join(fields)}")
+    try:
+        OmegaConf.merge(OmegaConf.structured(config_cls), dict(args))
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"{where}.{getattr(e, 'key', '') or ''}: {e.msg if hasattr(e, 'msg') else e}") from None
+
+
+def check_config(cfg: TrainConfig) -> TrainConfig:
+    """Refuse names no registry knows and algorithm / task args their component does not declare, naming
+    the key and the valid choices; called by `to_config`, so `python -m rlsync.train` fails before Ray starts.
+
+        check_config(TrainConfig())                      # fine
+        cfg.trainer.backend = "jax"; check_config(cfg)   # UnknownNameError: trainer.backend: unknown trainer backend 'jax'; known: deepspeed, torch
+    """
+    from rlsync.hub.transports import transport_names
+    from rlsync.pools.policies import POOL_POLICIES
+    from rlsync.rollout import ENGINES, MODEL_LOADERS
+    from rlsync.rollout.tasks import TASKS
+    from rlsync.trainer.registry import ADV_ESTIMATORS, BACKENDS, POLICY_LOSSES, VALUE_LOSSES
+
+    t, a = cfg.trainer, cfg.trainer.algo
+    BACKENDS.check(t.backend, "trainer.backend")
+    ADV_ESTIMATORS.check(a.adv_est, "trainer.algo.adv_est")
+    POLICY_LOSSES.check(a.policy_loss, "trainer.algo.policy_loss")
+    ENGINES.check(cfg.rollout.engine, "rollout.engine")
+    MODEL_LOADERS.check(cfg.model.kind, "model.kind")
+    TASKS.check(cfg.task.name, "task.name")
+    for name, p in cfg.pools.items():
+        POOL_POLICIES.check(p.policy, f"pools.{name}.policy")
+    tr = cfg.hub.client.transport
+    if tr is not None and tr not in transport_names():
+        raise ConfigError(f"hub.client.transport: unknown transport {tr!r}; known: {', '.join(transport_names())}")
+    _check_args("trainer.algo.adv_est_args", ADV_ESTIMATORS.get(a.adv_est).Config, a.adv_est_args)
+    _check_args("trainer.algo.policy_loss_args", POLICY_LOSSES.get(a.policy_loss).Config, a.policy_loss_args)
+    _check_args("trainer.algo.value_loss_args", VALUE_LOSSES.get("clipped").Config, a.value_loss_args)
+    _check_args("task.args", TASKS.get(cfg.task.name).Config, cfg.task.args)
+    return cfg
 
 
 def as_dict(cfg: TrainConfig) -> dict[str, Any]:

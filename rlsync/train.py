@@ -11,11 +11,13 @@ The configs ship inside the package (`rlsync.configs`), so this works from any d
 from __future__ import annotations
 
 import logging
+import sys
 
 import hydra
 from omegaconf import DictConfig
 
-from rlsync.config import register_configs, to_config
+from rlsync.config import ConfigError, register_configs, to_config, unknown_override
+from rlsync.core.registry import UnknownNameError
 
 log = logging.getLogger("rlsync.train")
 register_configs()
@@ -27,11 +29,17 @@ def main(dcfg: DictConfig) -> None:
 
     from rlsync.driver import Driver
 
-    cfg = to_config(dcfg)
+    try:
+        cfg = to_config(dcfg)
+    except (ConfigError, UnknownNameError) as e:  # before Ray starts: the key and the valid choices
+        sys.exit(f"error: {e}")
     run_dir = cfg.run_dir or HydraConfig.get().runtime.output_dir
     summary = Driver(cfg, run_dir).run()
     log.info("done: %s; run dir %s", {k: round(v, 4) for k, v in summary.items()}, run_dir)
 
 
 if __name__ == "__main__":
+    for arg in sys.argv[1:]:
+        if why := unknown_override(arg):
+            sys.exit(f"error: {why}")
     main()

@@ -93,7 +93,8 @@ class Driver:
 
     # ------------------------------------------------------------------------------------ set-up
     def _start(self) -> None:
-        from rlsync.hub import HubConfig, PlannerConfig, RetentionConfig, start_embedded_hub
+        from rlsync.hub import start_embedded_hub
+
         c = self.cfg
         if not ray.is_initialized():
             kw = dict(include_dashboard=False, log_to_driver=True)
@@ -103,9 +104,7 @@ class Driver:
                 ray.init(num_cpus=c.ray.num_cpus, **kw)
         # A fresh journal per run: a resumed run re-publishes its checkpoint's version, which an old
         # journal (committed versions past it) would refuse as not increasing.
-        self.hub = start_embedded_hub(host=c.hub.host, config=HubConfig(
-            retention=RetentionConfig(retain_last=c.hub.retain_last, prefer_seed=c.hub.prefer_seed),
-            planner=PlannerConfig(cross_dc_streams=c.hub.cross_dc_streams), worker_timeout_s=c.hub.worker_timeout_s))
+        self.hub = start_embedded_hub(host=c.hub.host, config=c.hub.server)
         addr, tok = self.hub.address, self.hub.token
         ckpt = CheckpointStore(self.run_dir / "checkpoints", keep=c.checkpoint.keep)
         self.trainers = TrainerGroup(c, addr, tok, self.run_dir,
@@ -140,7 +139,7 @@ class Driver:
         try:
             if getattr(self, "_stats_client", None) is None:
                 # A control-plane client that never joins: the driver holds no replica, serves no bytes.
-                self._stats_client = HubClient(self.hub.address, token=self.hub.token)
+                self._stats_client = HubClient(self.hub.address, token=self.hub.token, config=self.cfg.hub.client)
             s = self._stats_client.stats()
         except Exception as e:  # noqa: BLE001 - metrics must not end the run
             log.warning("hub stats: %s", e)

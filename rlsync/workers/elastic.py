@@ -11,20 +11,28 @@ What the group does with them is rlsync/workers/trainer_group.py; the rule and t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Sequence, TypeVar
 
-__all__ = ["ElasticConfig", "TrainerChurnConfig", "split_groups", "OPTIMIZER_STATE"]
+__all__ = ["ElasticConfig", "OptimizerState", "TrainerChurnConfig", "split_groups", "OPTIMIZER_STATE"]
 
 T = TypeVar("T")
 
-OPTIMIZER_STATE = ("checkpoint", "reinit")
+class OptimizerState(str, Enum):
+    """Where a re-formed group's optimizer state comes from (`trainer.elastic.optimizer_state`)."""
+
+    checkpoint = "checkpoint"
+    reinit = "reinit"
+
+
+OPTIMIZER_STATE = tuple(m.value for m in OptimizerState)
 
 
 @dataclass(kw_only=True)
 class ElasticConfig:
     enabled: bool = False
     """Re-form the trainer group when a rank dies (and admit ranks added mid-run) instead of ending the run."""
-    optimizer_state: str = "checkpoint"
+    optimizer_state: OptimizerState = OptimizerState.checkpoint
     """After a re-form: `checkpoint` loads the optimizer state (only; weights come from the hub) of the
     newest committed checkpoint, or re-initializes it with a warning when there is none or the backend
     cannot (DeepSpeed); `reinit` always starts it fresh (warning)."""
@@ -35,11 +43,11 @@ class ElasticConfig:
     max_recoveries: int = 8
     """Re-forms after a loss the run may take before it gives up."""
     ping_timeout_s: float = 10.0
+    """How long a rank has to answer the liveness probe after a failed step before it counts as lost."""
     backup_replica: bool = True
     """With >= 2 ranks, rank 1 fetches every version rank 0 publishes into a host copy it keeps serving
     until the next one (one model copy per step): losing the publisher never loses the latest committed
     version, even before any rollout worker has fetched it."""
-    """How long a rank has to answer the liveness probe after a failed step before it counts as lost."""
 
 
 @dataclass(kw_only=True)

@@ -37,9 +37,9 @@ def process_setup(cfg: TrainConfig) -> None:
 
 def hub_client(cfg: TrainConfig, address: str, token: str, location, name: str, *, on_fetch=None, **join):
     """A `HubClient` joined at `location` (a `LocationConfig`), configured by the run's `hub` section."""
-    from rlsync.hub import ClientConfig, HubClient, Location
+    from rlsync.hub import HubClient, Location
 
-    hub = HubClient(address, token=token, config=ClientConfig(transport=cfg.hub.transport), on_fetch=on_fetch)
+    hub = HubClient(address, token=token, config=cfg.hub.client, on_fetch=on_fetch)
     hub.join(Location(dc=location.dc, rack=location.rack, host=location.host), name=name, **join)
     return hub
 

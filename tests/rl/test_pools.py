@@ -26,7 +26,7 @@ def _fetches(run_dir):
 
 def _spot_cfg(tiny_cfg, **over):
     # 3 workers so both preemptions can happen before the joiners (slow to start on a loaded machine) are up.
-    cfg = tiny_cfg(steps=45, **{"inject.generate_delay_s": 0.3, "hub.worker_timeout_s": 3.0,
+    cfg = tiny_cfg(steps=45, **{"inject.generate_delay_s": 0.3, "hub.server.worker_timeout_s": 3.0,
                                 "rollout.eager_fetch": True, "trainer.location.rack": "train", **over})
     spot = PoolConfig(size=3, policy="spot", max_size=5, min_size=1)
     spot.location.rack = "spot"
@@ -72,7 +72,7 @@ def test_spot_pool_survives_preemptions_and_joiners_fetch_from_peers(ray_address
 
 
 def test_cross_dc_pool_moves_about_one_copy_per_version_across_the_dc_link(ray_address, tiny_cfg):
-    cfg = tiny_cfg(steps=6, **{"rollout.eager_fetch": True, "hub.seed_dcs": ["dc1"], "hub.cross_dc_streams": 1})
+    cfg = tiny_cfg(steps=6, **{"rollout.eager_fetch": True, "hub.seed_dcs": ["dc1"], "hub.server.planner.cross_dc_streams": 1})
     far = PoolConfig(size=3)
     far.location.dc = "dc1"
     cfg.pools = {"far": far}

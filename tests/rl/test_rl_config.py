@@ -59,3 +59,58 @@ def test_every_field_of_the_schema_is_typed_and_documented():
                         and isinstance(nxt.value.value, str)):
                     undocumented.append(f"{cls.name}.{node.target.id}")
     assert not undocumented
+
+
+def test_every_hub_knob_is_reachable_from_the_run_config():
+    from rlsync.hub import ClientConfig, HubConfig
+
+    cfg = to_config(_compose("+recipe=grpo_elastic", "hub.server.planner.fanout_cap=8",
+                             "hub.server.retention.retain_last=2", "hub.client.dataplane.host=0.0.0.0",
+                             "hub.client.manifest.chunk_bytes=1048576", "hub.client.transport=tcp-py"))
+    assert isinstance(cfg.hub.server, HubConfig) and isinstance(cfg.hub.client, ClientConfig)
+    assert cfg.hub.server.planner.fanout_cap == 8 and cfg.hub.server.retention.retain_last == 2
+    assert cfg.hub.client.dataplane.host == "0.0.0.0" and cfg.hub.client.manifest.chunk_bytes == 1 << 20
+    assert cfg.hub.server.worker_timeout_s == 5.0                      # the recipe's own override
+    # The run's one deliberate difference from the hub library's defaults (docs/rl.md).
+    assert cfg.hub.server.retention.prefer_seed is True and HubConfig().retention.prefer_seed is False
+
+
+@pytest.mark.parametrize("override, named", [
+    ("trainer.backend=jax", "trainer.backend: unknown trainer backend 'jax'; known: deepspeed, torch"),
+    ("rollout.engine=sglang", "rollout.engine: unknown rollout engine 'sglang'; known: hf"),
+    ("model.kind=gpt5", "model.kind: unknown model loader 'gpt5'"),
+    ("pools.main.policy=sometimes", "pools.main.policy: unknown pool policy 'sometimes'; known: autoscale, fixed, spot"),
+    ("trainer.algo.policy_loss=dpo", "trainer.algo.policy_loss: unknown policy loss 'dpo'"),
+    ("+trainer.algo.policy_loss_args.clip_epss=0.3", "trainer.algo.policy_loss_args.clip_epss: not a field of"),
+    ("+trainer.algo.policy_loss_args.clip_eps=abc", "trainer.algo.policy_loss_args.clip_eps: "),
+    ("+task.args.lenght=4", "task.args.lenght: not a field of"),
+    ("hub.client.transport=carrier-pigeon", "hub.client.transport: unknown transport 'carrier-pigeon'"),
+])
+def test_a_bad_choice_is_refused_when_composed_naming_the_key_and_the_choices(override, named):
+    from rlsync.config import ConfigError
+    from rlsync.core.registry import UnknownNameError
+
+    with pytest.raises((ConfigError, UnknownNameError)) as e:
+        to_config(_compose("+recipe=grpo_standalone", override))
+    assert named in str(e.value)
+
+
+def test_enum_choices_and_unknown_keys_are_refused_with_the_choices():
+    from rlsync.config import unknown_override
+
+    with pytest.raises(ConfigCompositionException):
+        _compose("+recipe=grpo_standalone", "trainer.elastic.optimizer_state=sometimes")
+    assert unknown_override("trainer.lrr=1") == ("unknown config key 'trainer.lrr': trainer has algo, backend, churn, "
+                                                 "elastic, extra_ds_config, location, world_size, zero_stage")
+    assert unknown_override("trainer.algo.optimizer.lr=1") is None and unknown_override("pools.x.size=1") is None
+
+
+def test_a_typo_fails_in_seconds_before_ray_starts_naming_the_key(tmp_path):
+    import subprocess
+    import sys
+
+    for override, named in [("trainer.lrr=1", "trainer.lrr"), ("trainer.backend=jax", "trainer.backend")]:
+        p = subprocess.run([sys.executable, "-m", "rlsync.train", "+recipe=grpo_standalone", override,
+                            f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert p.returncode != 0 and named in p.stderr, p.stderr[-2000:]
+        assert "ray" not in p.stderr.lower().replace("array", ""), p.stderr[-2000:]    # Ray never started
