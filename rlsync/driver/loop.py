@@ -63,6 +63,14 @@ class RunError(RuntimeError):
     """The run cannot go on (a trainer rank died, no rollout worker is left, a call timed out)."""
 
 
+def _first_line(e: BaseException) -> str:
+    """A Ray error's first line (its str() carries the remote traceback; the run's log keeps that at debug)."""
+    cause = getattr(e, "cause", None)  # RayTaskError: the exception raised inside the worker
+    text = f"{type(cause).__name__}: {cause}" if isinstance(cause, BaseException) else str(e)
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return lines[0] if lines else type(e).__name__
+
+
 class Driver:
     def __init__(self, cfg: TrainConfig, run_dir: str | os.PathLike):
         self.cfg = cfg
@@ -237,14 +245,17 @@ class Driver:
                 try:
                     res = self.audit.see(ray.get(ref))
                 except ray.exceptions.RayActorError as e:
-                    log.warning("rollout worker %s died (%s): %d prompts lost", key, e, n)
-                    self.pools.on_dead(pool, key)
+                    if self.pools.on_dead(pool, key):  # a planned preemption: one line, no Ray traceback
+                        log.info("%s preempted mid-call: %d prompts lost", key, n)
+                    else:
+                        log.warning("rollout worker %s died (%s): %d prompts lost", key, _first_line(e), n)
                     self.totals["pool/lost_prompts"] += n
                     if not self.pools.alive():
                         raise RunError("every rollout worker is gone") from e
                     continue
                 except ray.exceptions.RayTaskError as e:
-                    log.warning("rollout on %s failed: %s; %d prompts lost", key, e, n)
+                    log.warning("rollout on %s failed: %s; %d prompts lost", key, _first_line(e), n)
+                    log.debug("rollout on %s failed", key, exc_info=e)
                     self.totals["pool/lost_prompts"] += n
                     self.totals["pool/failed_requests"] += 1
                     if self.totals["pool/failed_requests"] > c.max_failed_requests:
@@ -271,7 +282,9 @@ class Driver:
             self.pools.on_step(step, m)
             self.trainers.after_step(step)
             logger.log(m, step=step)
-            bar.update(step, version=int(m["version"]), reward=m.get("reward/mean"), stall_s=m["stall/total_s"])
+            bar.update(step, version=int(m["version"]), reward=m.get("reward/mean"), stall_s=m["stall/total_s"],
+                       staleness=m.get("staleness/mean"), sync_stall_s=m.get("stall/rollout_wait_weights_s"),
+                       sync_bytes=m.get("sync/bytes"))
             step_start_ns, step_stats = end, defaultdict(float)
             if c.checkpoint.enabled and (step == c.steps or (c.checkpoint.every and step % c.checkpoint.every == 0)):
                 self._checkpoint(ckpt, step)

@@ -204,11 +204,14 @@ class PoolSet:
             except Exception as e:  # noqa: BLE001 - already dead is fine
                 log.debug("kill %s: %s", key, e)
 
-    def on_dead(self, pool: str, key: str) -> None:
-        """A call to `key` failed with RayActorError: forget it."""
-        if pool in self.pools and key in self.pools[pool].state:
+    def on_dead(self, pool: str, key: str) -> bool:
+        """A call to `key` failed with RayActorError: forget it. True when this was a planned end (the pool
+        killed it: a preemption without notice), False when the worker died on its own (counted)."""
+        died = pool in self.pools and key in self.pools[pool].state
+        if died:
             self.count("events/died")
         self.kill_member(pool, key, kill=False)
+        return not died
 
     def handle(self, ref, raise_errors: bool = False) -> bool:
         """Consume a ref from `refs()`; False if it is not ours."""

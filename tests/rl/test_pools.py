@@ -26,8 +26,12 @@ def _fetches(run_dir):
 
 def _spot_cfg(tiny_cfg, **over):
     # 3 workers so both preemptions can happen before the joiners (slow to start on a loaded machine) are up.
+    # On-policy (k=0): every worker waits for each new version and fetches it within milliseconds of its
+    # publish, so whenever a joiner arrives its peers already hold (or relay) `latest`: the peers-only
+    # check below applies to every join, not only to the lucky ones.
     cfg = tiny_cfg(steps=45, **{"inject.generate_delay_s": 0.3, "hub.server.worker_timeout_s": 3.0,
-                                "rollout.eager_fetch": True, "trainer.location.rack": "train", **over})
+                                "rollout.eager_fetch": True, "rollout.max_staleness": 0,
+                                "trainer.location.rack": "train", **over})
     spot = PoolConfig(size=3, policy="spot", max_size=5, min_size=1)
     spot.location.rack = "spot"
     c = spot.churn
