@@ -28,7 +28,9 @@ def _elastic_cfg(tiny_cfg, steps=40, prompts=32, **over):
     cfg.rollout.prompts_per_step, cfg.rollout.group_size = prompts, 8
     cfg.pools["main"].size = 2
     cfg.trainer.algo.optimizer.lr = 2e-3
-    cfg.task.name = "successor"
+    # An easy task (successor of 2 symbols over 6), so 40 steps learn clearly even across a loss, a re-form
+    # with a fresh optimizer, and a join: single-process GRPO takes it from ~0.11 to ~0.6 in 40 steps.
+    cfg.task.name, cfg.task.args = "successor", {"length": 2, "symbols": "abcdef"}
     return cfg
 
 
@@ -61,12 +63,12 @@ def test_torch_group_loses_a_rank_mid_step_then_takes_a_new_one(ray_address, tin
         assert ev["optimizer"] == ["reinit"]
     assert not (Path(cfg.run_dir) / "checkpoints").exists()
     assert all(r["ray/weight_like_tensors"] == 0 for r in rows)
-    # Reward keeps learning across the loss and the join: a rising trend over the 40 steps (least
-    # squares slope), and the last 10 steps above the first 5 (measured here: ~0.055 -> ~0.12).
+    # The model learns across the loss and the join: a rising trend over the 40 steps (least squares
+    # slope), and the last 10 steps clearly above the first 5 (at least 0.15 of reward more).
     r = [row["reward/mean"] for row in rows]
     n, mx, my = len(r), (len(r) - 1) / 2, sum(r) / len(r)
     slope = sum((i - mx) * (y - my) for i, y in enumerate(r)) / sum((i - mx) ** 2 for i in range(n))
-    assert slope > 0 and sum(r[-10:]) / 10 > sum(r[:5]) / 5 + 0.02, (slope, r)
+    assert slope > 0 and sum(r[-10:]) / 10 > sum(r[:5]) / 5 + 0.15, (slope, r)
 
 
 @pytest.mark.timeout(400)
