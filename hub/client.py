@@ -30,13 +30,14 @@ from .connection_watch import HubConnectionWatch
 from .dataplane import DataPlaneConfig, DataServer, read_from_source
 from .location import Location
 from .manifest import Manifest, ManifestConfig, allocate, build_manifest, dtype_name
-from .rpc import RpcChannel, read_or_create_token
+from .rpc import RpcChannel, read_token
 from .shard import Shard
 from .store import LocalReplica, ReplicaStore
-from .tickets import TicketVerifier
+from .tickets import ReaderKey, TicketVerifier
 from .transports import available_transports, choose_transport
 from .transports import cuda, rdma
 from .transports.shm import boot_id
+from .wire_args import check_coords as _check_coords, check_value
 
 log = logging.getLogger(__name__)
 
@@ -103,9 +104,11 @@ class HubClient:
         """`on_fetch`: called with every completed fetch's `FetchResult` (the caller's and the ones the
         client starts itself, e.g. a seed worker following `latest`), after the replica is held."""
         if token is None:
-            token = read_or_create_token(token_file) if token_file else os.environ.get("RLSYNC_HUB_TOKEN")
+            token = read_token(token_file) if token_file is not None else os.environ.get("RLSYNC_HUB_TOKEN")
         if not token:
             raise E.AuthError("HubClient needs the hub's token (token=, token_file= or $RLSYNC_HUB_TOKEN)")
+        if not isinstance(token, str) or not isinstance(config or ClientConfig(), ClientConfig):
+            raise E.InvalidArgumentError("token must be a str and config a ClientConfig")
         self.address, self.cfg = address, config or ClientConfig()
         self.on_fetch = on_fetch
         self._token = token
@@ -125,6 +128,7 @@ class HubClient:
         """Replicas whose release is under way: a re-join does not re-register them (the release
         re-registers one itself if the new hub has not heard of it, so retention still decides)."""
         self._seeding: set[tuple] = set()
+        self._reader_key = ReaderKey()  # proves to sources that this client is its tickets' reader
 
     # ------------------------------------------------------------------ membership
     def join(self, location: Location | None = None, name: str = "worker", *, role: str = "worker",
@@ -133,10 +137,13 @@ class HubClient:
         from leaving workers and, with `follow=True`, keeps a copy of every model's latest version."""
         if self.worker_id is not None:
             raise E.HubError("already joined; call leave() first")
+        if location is not None and not isinstance(location, Location):
+            raise E.InvalidArgumentError(f"location must be a Location, got {type(location).__name__}")
         self.location = location or Location()
         self._data = DataServer(self.store, self.cfg.dataplane)
         self._endpoint = {"tcp": self._data.address, "pid": os.getpid(), "boot_id": boot_id(),
                           "host": self.location.host, "transports": available_transports(),
+                          "reader_key": self._reader_key.public_bytes,
                           **rdma.endpoint_info(), **cuda.endpoint_info()}
         try:
             r = self._rpc.call("join", name=name, location=self.location.to_wire(), endpoint=self._endpoint,
@@ -313,6 +320,7 @@ class HubClient:
         The tensors must not change until `release(model, version, shard)` returns.
         """
         wid = self._need_join()
+        _check_coords("publish", model, version, shard)
         _check_tensors(tensors, "tensors")
         rid = f"{wid}:{model}:{version}:{shard.key}:live"
         if rid in self._held:
@@ -355,6 +363,7 @@ class HubClient:
         or offload-seed a host copy this worker keeps serving until the hub drops it).
         """
         wid = self._need_join()
+        _check_coords("release", model, version, shard)
         rid = f"{wid}:{model}:{version}:{shard.key}:live"
         if rid not in self._held:
             raise E.NotAReplicaError(f"this worker holds no replica of {model!r} v{version} {shard.key}")
@@ -454,6 +463,9 @@ class HubClient:
         this worker is a full replica and serves the version to others until it releases it.
         """
         wid = self._need_join()
+        _check_coords("fetch", model, version, shard)
+        if group is not None:
+            check_value("fetch", "group", group)
         spec = None
         if into is not None:
             _check_tensors(into, "into")
@@ -583,7 +595,8 @@ class HubClient:
                 transport = choose_transport(self._endpoint, src["endpoint"], self.cfg.transport)
                 used[src["worker"]] = transport.name
                 read_from_source(transport, src["endpoint"], src["ticket"], src["replica"], units, dest,
-                                 self.cfg.dataplane.io_timeout_s, on_unit=landed, streams=self.cfg.dataplane.streams)
+                                 self.cfg.dataplane.io_timeout_s, on_unit=landed, streams=self.cfg.dataplane.streams,
+                                 reader=self._reader_key)
             except BaseException as e:  # noqa: BLE001 - reported to the caller's thread
                 failed.append(src["replica"])
                 errors.append(e)
@@ -634,6 +647,11 @@ class HubClient:
     # ------------------------------------------------------------------ queries
     def latest(self, model: str) -> int | None:
         return self._call("latest", model=model)
+
+    def versions(self, model: str) -> dict:
+        """{"latest", "committed": every version number committed (ascending), "retained": those the
+        retention policy keeps fetchable, "held": those some worker holds a full replica of now}."""
+        return self._call("versions", model=model)
 
     def stats(self) -> dict:
         return self._call("stats")

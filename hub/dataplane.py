@@ -22,7 +22,7 @@ from . import errors as E
 from .dataplane_wire import ERR, MAGIC, MAX_REQUEST_BYTES, OK, REQ, UNIT, WHOLE
 from .manifest import unit_checksum
 from .store import LocalReplica, ReplicaStore
-from .tickets import TicketVerifier
+from .tickets import ReaderKey, ReplayGuard, TicketVerifier
 from .transports.base import Transport, recv_exact, transport_by_kind
 
 log = logging.getLogger(__name__)
@@ -60,6 +60,7 @@ class DataServer:
         self.store, self.cfg = store, cfg
         self.worker_id: str | None = None
         self.verifier: TicketVerifier | None = None
+        self.replays = ReplayGuard()
         self._lsock = socket.create_server((cfg.host, 0))
         self._lsock.settimeout(0.5)
         self.port = self._lsock.getsockname()[1]
@@ -133,8 +134,11 @@ class DataServer:
             raise E.ProtocolError(f"request of {body_len} bytes exceeds {MAX_REQUEST_BYTES}")
         body = bytearray(body_len)
         recv_exact(conn, memoryview(body))
-        try:
-            msg = msgpack.unpackb(bytes(body), raw=False)
+        try:  # {"req": packed request, "proof": the reader's signature of it} (rlsync.hub.tickets)
+            outer = msgpack.unpackb(bytes(body), raw=False)
+            signed, proof = (outer["req"], outer.get("proof")) if isinstance(outer, dict) and "req" in outer \
+                else (bytes(body), None)
+            msg = msgpack.unpackb(signed, raw=False)
             ticket, replica_id, units = msg["ticket"], str(msg["replica"]), list(msg["units"])
         except Exception:
             raise E.ProtocolError("malformed data-plane request body") from None
@@ -143,7 +147,8 @@ class DataServer:
             raise E.TransportUnavailableError(f"transport kind {kind} is not served here")
         if self.verifier is None or self.worker_id is None:
             raise E.TicketError("this data-plane server has not joined a hub yet")
-        self.verifier.verify(ticket, source=self.worker_id, replica=replica_id)
+        t = self.verifier.verify(ticket, source=self.worker_id, replica=replica_id)
+        self.replays.check(t, signed, proof, msg.get("nonce"))
         rep = self.store.get_or_wait(replica_id, self.cfg.register_wait_s)
         if rep is None:
             raise E.TicketError(f"replica {replica_id} is not held here (released)")
@@ -163,24 +168,25 @@ class DataServer:
 
 def read_from_source(transport: Transport, endpoint: dict, ticket: bytes, replica_id: str,
                      units: list[int], dest: LocalReplica, io_timeout_s: float, on_unit=None,
-                     streams: int = 1) -> int:
+                     streams: int = 1, *, reader: ReaderKey) -> int:
     """Pull `units` of `replica_id` from the server at `endpoint` into `dest`, verifying each.
 
     Marks each verified unit present in `dest` (so `dest` relays it on at once). Returns bytes read.
     Raises TicketError / TransferError / ChecksumError / ProtocolError; never leaves a unit marked
-    present whose bytes did not verify. With `streams` > 1 (up to the transport's `max_streams`)
+    present whose bytes did not verify. `reader` is this reader's session key, the one the hub put
+    in `ticket`: each request is signed with it, with a fresh nonce. With `streams` > 1 (up to the transport's `max_streams`)
     the units are striped round-robin over that many connections, each its own ticket-checked
     request, so units still land roughly in order for relays downstream.
     """
     k = max(1, min(streams, transport.max_streams, len(units)))
     if k == 1:
-        return _read_stream(transport, endpoint, ticket, replica_id, units, dest, io_timeout_s, on_unit)
+        return _read_stream(transport, endpoint, ticket, replica_id, units, dest, io_timeout_s, on_unit, reader)
     got, errors = [0] * k, []
 
     def one(i: int) -> None:
         try:
             got[i] = _read_stream(transport, endpoint, ticket, replica_id, units[i::k], dest,
-                                  io_timeout_s, on_unit)
+                                  io_timeout_s, on_unit, reader)
         except BaseException as e:  # noqa: BLE001 - re-raised below on the caller's thread
             errors.append(e)
 
@@ -196,7 +202,7 @@ def read_from_source(transport: Transport, endpoint: dict, ticket: bytes, replic
 
 
 def _read_stream(transport: Transport, endpoint: dict, ticket: bytes, replica_id: str,
-                 units: list[int], dest: LocalReplica, io_timeout_s: float, on_unit) -> int:
+                 units: list[int], dest: LocalReplica, io_timeout_s: float, on_unit, reader: ReaderKey) -> int:
     host, port = endpoint["tcp"].rsplit(":", 1)
     nbytes = 0
     try:
@@ -205,11 +211,7 @@ def _read_stream(transport: Transport, endpoint: dict, ticket: bytes, replica_id
         raise E.TransferError(f"cannot reach data plane at {endpoint['tcp']}: {e}") from None
     try:
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        req = {"ticket": ticket, "replica": replica_id, "units": units}
-        extra = transport.open_request(dest, endpoint)
-        if extra is not None:
-            req["x"] = extra
-        body = msgpack.packb(req)
+        body = reader.sign_request(ticket, replica_id, units, transport.open_request(dest, endpoint))
         conn.sendall(REQ.pack(MAGIC, 1, transport.kind, 0, len(body)) + body)
         head = bytearray(UNIT.size)
         for u in units:

@@ -98,6 +98,13 @@ class UnknownFetchError(ProtocolError):
     code = "unknown_fetch"
 
 
+class InvalidArgumentError(ProtocolError):
+    """An argument of the wrong type or out of range: in a client call (e.g. `version=2**70`, a
+    malformed hub address) or in a control frame with a valid token. Nothing was changed."""
+
+    code = "invalid_argument"
+
+
 class TransferError(HubError):
     """A data-plane read failed: peer died, timed out, or sent bytes whose checksum is wrong."""
 

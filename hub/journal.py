@@ -4,9 +4,15 @@ Replica locations are soft state (workers re-register them); what must survive a
 hub is which versions were committed, with which manifests, and the highest version number ever
 committed per model, so a restarted hub never reuses a version number. A commit is journaled
 (and fsynced by SQLite) *before* it becomes visible.
+
+Every journal file is 0600 from creation: the database and its `-wal`/`-shm` side files are created
+0600 by us before SQLite opens them (SQLite gives any other side file the database's mode), and files
+left looser by an older version are tightened. The journal holds no secret (the ticket-signing key
+has its own 0600 file, `<journal>.ticket-key`), but it is the hub's record and no one else's to read.
 """
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 
@@ -20,13 +26,29 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
 """
 
 
+SIDE_FILES = ("", "-wal", "-shm")
+
+
+def create_private(path: str) -> None:
+    """Create `path` 0600 if absent (never following a symlink); make an existing one 0600."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        if os.fstat(fd).st_mode & 0o777 != 0o600:
+            os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+
+
 class Journal:
     def __init__(self, path: str) -> None:
         self.path = path
         self._lock = threading.Lock()
+        for suffix in SIDE_FILES:
+            create_private(path + suffix)
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("PRAGMA secure_delete=ON")  # deleted rows are zeroed, not left in free pages
         self._db.executescript(_SCHEMA)
 
     def record_commit(self, model: str, version: int, group: tuple[int, int],
@@ -58,6 +80,16 @@ class Journal:
         with self._lock:
             self._db.execute("INSERT OR REPLACE INTO meta VALUES (?,?)", (key, msgpack.packb(value)))
 
-    def close(self) -> None:
+    def scrub_meta(self, key: str) -> None:
+        """Delete a meta row and leave no copy of it in the WAL (secure_delete zeroes the page)."""
         with self._lock:
-            self._db.close()
+            self._db.execute("DELETE FROM meta WHERE key=?", (key,))
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def close(self) -> None:
+        """Checkpoint the WAL into the database and close (a clean stop leaves one file)."""
+        with self._lock:
+            try:
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            finally:
+                self._db.close()

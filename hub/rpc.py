@@ -20,7 +20,8 @@ import time
 import msgpack
 import zmq
 
-from .errors import HubUnavailableError, ProtocolError, error_from_code
+from .errors import AuthError, HubUnavailableError, InvalidArgumentError, ProtocolError, error_from_code
+from .wire_args import check_args
 
 MAX_MESSAGE_BYTES = 64 << 20
 
@@ -36,13 +37,26 @@ def unpack(data: bytes):
         raise ProtocolError(f"malformed control message: {type(e).__name__}") from None
 
 
+def read_token(path: str) -> str:
+    """The shared RPC token from `path` (a client never creates one: a missing file is an error)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise InvalidArgumentError(f"token_file must be a path, got {path!r}")
+    try:
+        with open(path) as f:
+            tok = f.read().strip()
+    except FileNotFoundError:
+        raise AuthError(f"token file {path} does not exist (the hub creates it; pass its path)") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise AuthError(f"cannot read token file {path}: {e}") from None
+    if not tok:
+        raise AuthError(f"token file {path} is empty")
+    return tok
+
+
 def read_or_create_token(path: str) -> str:
-    """The shared RPC token: read from `path`, or created there (mode 0600) if absent."""
+    """The hub's side: the shared RPC token read from `path`, or created there (mode 0600) if absent."""
     if os.path.exists(path):
-        tok = open(path).read().strip()
-        if not tok:
-            raise ProtocolError(f"token file {path} is empty")
-        return tok
+        return read_token(path)
     tok = secrets.token_hex(24)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -51,7 +65,12 @@ def read_or_create_token(path: str) -> str:
 
 
 class RpcChannel:
-    """One DEALER socket to the hub; thread-safe (calls are serialized); typed errors back."""
+    """One DEALER socket to the hub; thread-safe (calls are serialized); typed errors back.
+
+    Until the hub at `address` has answered once, a call gives up after one try (`timeout_s`): an
+    address where no hub ever answered is a mistake to report, not a restart to wait out. After
+    that, calls retry up to `deadline_s` (a hub restart or failover).
+    """
 
     def __init__(self, address: str, token: str, timeout_s: float = 10.0, deadline_s: float = 60.0) -> None:
         self.address, self.token, self.timeout_s, self.deadline_s = address, token, timeout_s, deadline_s
@@ -59,13 +78,24 @@ class RpcChannel:
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._sock = None
+        self.answered = False
+        """Whether the hub at `address` ever answered this channel."""
+        self.retried = False
+        with self._lock:
+            self._socket()  # a malformed address fails here, typed
 
     def _socket(self):
         if self._sock is None:
+            if not isinstance(self.address, str):
+                raise InvalidArgumentError(f"hub address must be a string like tcp://host:port, got {self.address!r}")
             s = self._ctx.socket(zmq.DEALER)
             s.setsockopt(zmq.LINGER, 0)
             s.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
-            s.connect(self.address)
+            try:
+                s.connect(self.address)
+            except zmq.ZMQError as e:
+                s.close(0)
+                raise InvalidArgumentError(f"bad hub address {self.address!r} ({e}); expected tcp://host:port") from None
             self._sock = s
         return self._sock
 
@@ -76,18 +106,26 @@ class RpcChannel:
         (default: the channel's deadline). Past it: HubUnavailableError. Typed hub errors are raised
         at once. A retried call may reach the hub twice; every hub operation tolerates that.
         """
+        check_args(op, args)  # what the hub would refuse, refused here (e.g. version=2**70), typed
         attempt = self.timeout_s if attempt_s is None else attempt_s
-        deadline = time.monotonic() + (self.deadline_s if deadline_s is None else deadline_s)
-        delay = 0.1
+        t0 = time.monotonic()
+        deadline = t0 + (self.deadline_s if deadline_s is None else deadline_s)
+        delay, tries = 0.1, 0
         self.retried = False
         while True:
             left = deadline - time.monotonic()
             try:  # the first try always gets its full attempt time; later ones what the deadline leaves
                 return self._call_once(op, attempt if not self.retried else min(attempt, max(0.05, left)), args)
-            except HubUnavailableError:
+            except HubUnavailableError as e:
+                if not self.answered:
+                    raise HubUnavailableError(f"no hub answered at {self.address} within {attempt:.1f}s "
+                                              f"({op!r}); is one running there?") from None
+                tries += 1
                 self.retried = True
                 if time.monotonic() + delay >= deadline:
-                    raise
+                    if tries == 1:
+                        raise
+                    raise HubUnavailableError(f"{e} (gave up after {tries} tries in {time.monotonic() - t0:.1f}s)") from None
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
@@ -106,6 +144,9 @@ class RpcChannel:
                     raise HubUnavailableError(f"hub at {self.address} did not answer {op!r} within {timeout:.1f}s")
                 frames = sock.recv_multipart()
                 msg = unpack(frames[-1])
+                if not isinstance(msg, dict):
+                    raise ProtocolError(f"hub at {self.address} sent a non-map reply")
+                self.answered = True
                 if msg.get("id") != rid:
                     continue  # a stale reply to a call that timed out earlier
                 if msg.get("ok"):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hmac
 import logging
 import os
+import signal
 import tempfile
 import threading
 import time
@@ -27,6 +28,7 @@ from .rpc import MAX_MESSAGE_BYTES, pack, read_or_create_token, unpack
 from .shard import Shard
 from .state import DONE, PENDING, HubConfig, HubState
 from .tickets import Ticket, TicketSigner
+from .wire_args import SPECS, check_args
 
 log = logging.getLogger(__name__)
 
@@ -39,14 +41,7 @@ class HubServer:
         self.cfg = config or HubConfig()
         self.token = token
         self.journal = Journal(journal)
-        key = self.journal.get_meta("ticket_key")
-        self.signer = TicketSigner(key)
-        if key is None:
-            self.journal.set_meta("ticket_key", self.signer.private_bytes)
-        try:
-            os.chmod(journal, 0o600)
-        except OSError:
-            pass
+        self.signer = _ticket_signer(self.journal)
         # Ids carry the hub's epoch (restarts so far) so a restarted hub never reuses one.
         self.epoch = int(self.journal.get_meta("epoch") or 0) + 1
         self.journal.set_meta("epoch", self.epoch)
@@ -87,24 +82,27 @@ class HubServer:
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
         next_tick = time.monotonic() + TICK_S
-        while not self._stop.is_set():
-            events = dict(poller.poll(max(0, int((next_tick - time.monotonic()) * 1000))))
-            if self._sock in events:
-                for _ in range(256):
-                    try:
-                        frames = self._sock.recv_multipart(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    self._handle(frames)
-                self._flush_releases()
-                self._retry_parked()
-            if time.monotonic() >= next_tick:
-                self.state.expire()
-                self._flush_releases()
-                self._retry_parked()
-                next_tick = time.monotonic() + TICK_S
-        self._sock.close(0)
-        self.journal.close()
+        try:
+            while not self._stop.is_set():
+                events = dict(poller.poll(max(0, int((next_tick - time.monotonic()) * 1000))))
+                if self._sock in events:
+                    for _ in range(256):
+                        try:
+                            frames = self._sock.recv_multipart(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        self._handle(frames)
+                    self._flush_releases()
+                    self._retry_parked()
+                if time.monotonic() >= next_tick:
+                    self.state.expire()
+                    self._flush_releases()
+                    self._retry_parked()
+                    next_tick = time.monotonic() + TICK_S
+        finally:
+            self._sock.close(0)
+            self.journal.close()  # checkpoints the WAL: a clean stop leaves the journal in one file
+            log.info("hub on %s stopped; journal %s closed", self.address, self.journal.path)
 
     def start(self) -> "HubServer":
         self._thread = threading.Thread(target=self.serve_forever, name="rlsync-hub", daemon=True)
@@ -137,10 +135,12 @@ class HubServer:
             tok = msg.get("token")
             if not isinstance(tok, str) or not hmac.compare_digest(tok.encode(), self.token.encode()):
                 raise E.AuthError("missing or wrong hub token")
-            op, args = msg.get("op"), msg.get("args") or {}
-            handler = getattr(self, f"op_{op}", None) if isinstance(op, str) else None
-            if handler is None or not isinstance(args, dict):
+            op, args = msg.get("op"), msg.get("args")
+            if not isinstance(op, str) or op not in SPECS:
                 raise E.ProtocolError(f"unknown operation {op!r}")
+            if args is not None and not isinstance(args, dict):
+                raise E.InvalidArgumentError(f"{op}: args must be a map")
+            args = check_args(op, args or {})
             self.rpc_count += 1
         except E.HubError as e:
             self._reply(ident, rid, False, [e.code, str(e)])
@@ -149,7 +149,7 @@ class HubServer:
             log.exception("hub: internal error")
             self._reply(ident, rid, False, ["hub_error", f"internal error: {type(e).__name__}: {e}"])
             return
-        self._run(ident, rid, handler, op, args)
+        self._run(ident, rid, getattr(self, f"op_{op}"), op, args)
 
     def _run(self, ident: bytes, rid, handler, op: str, args: dict) -> None:
         try:
@@ -164,9 +164,7 @@ class HubServer:
                 self._reply(ident, rid, True, result)
         except E.HubError as e:
             self._reply(ident, rid, False, [e.code, str(e)])
-        except TypeError as e:  # wrong/missing arguments
-            self._reply(ident, rid, False, ["protocol", f"bad arguments: {e}"])
-        except Exception as e:  # never let one request kill the hub
+        except Exception as e:  # never let one request kill the hub (a bug: check_args let it through)
             log.exception("hub: internal error")
             self._reply(ident, rid, False, ["hub_error", f"internal error: {type(e).__name__}: {e}"])
 
@@ -191,9 +189,11 @@ class HubServer:
     def op_ping(self, ident, rid):
         return {"time": time.time()}
 
-    def op_join(self, ident, rid, name: str, location: dict, endpoint: dict, worker_id: str | None = None,
+    # Handlers get arguments already checked and typed by `wire_args.check_args` (Shard, Location,
+    # Manifest objects; ints in range); a semantic refusal is the state machine's typed error.
+    def op_join(self, ident, rid, name: str, location: Location, endpoint: dict, worker_id: str | None = None,
                 role: str = "worker", follow: bool = False):
-        wid = self.state.join(str(name), Location.from_wire(location), dict(endpoint), worker_id, role, bool(follow))
+        wid = self.state.join(name, location, endpoint, worker_id, role, follow)
         log.info("worker %s (%s) joined at %s", wid, name, location)
         return {"wid": wid, "ticket_key": self.signer.public_bytes,
                 "worker_timeout_s": self.cfg.worker_timeout_s}
@@ -206,46 +206,52 @@ class HubServer:
         self.state.touch(wid)
         return {"dropped": self.state.remove_worker(wid)}
 
-    def op_publish(self, ident, rid, wid: str, model: str, version: int, shard, manifest: dict):
-        m = Manifest.from_wire(manifest)
-        committed = self.state.publish(wid, _name(model), version, Shard.from_wire(shard), m)
+    def op_publish(self, ident, rid, wid: str, model: str, version: int, shard: Shard, manifest: Manifest):
+        committed = self.state.publish(wid, model, version, shard, manifest)
         return {"committed": committed, "latest": self.state.models[model].latest}
 
-    def op_register(self, ident, rid, wid: str, model: str, version: int, shard, slot: str, manifest: dict):
-        return self.state.register_replica(wid, _name(model), int(version), Shard.from_wire(shard), slot,
-                                           Manifest.from_wire(manifest))
+    def op_register(self, ident, rid, wid: str, model: str, version: int, shard: Shard, slot: str,
+                    manifest: Manifest):
+        return self.state.register_replica(wid, model, version, shard, slot, manifest)
 
-    def op_fetch(self, ident, rid, wid: str, model: str, version, shard, group=None, into_spec=None):
-        grp = (str(group[0]), group[1]) if group else None
-        plan = self.state.plan_fetch(wid, _name(model), version, Shard.from_wire(shard), grp, into_spec)
+    def op_fetch(self, ident, rid, wid: str, model: str, version, shard: Shard, group=None, into_spec=None):
+        plan = self.state.plan_fetch(wid, model, version, shard, group, into_spec)
         return self._plan_reply(wid, plan)
 
     def op_replan(self, ident, rid, wid: str, fetch_id: str, failed: list, units: list):
-        return self._plan_reply(wid, self.state.replan(wid, fetch_id, [str(x) for x in failed], list(units)))
+        return self._plan_reply(wid, self.state.replan(wid, fetch_id, failed, units))
 
     def _plan_reply(self, wid: str, plan) -> dict:
         exp = time.time() + self.cfg.ticket_ttl_s
+        key = self.state.workers[wid].endpoint["reader_key"]  # join checked it is there
         return {"fetch_id": plan.fetch_id, "version": plan.version, "manifest": plan.manifest.to_wire(), "held": plan.held,
                 "sources": [{"replica": rep.id, "worker": w.id, "endpoint": w.endpoint,
                              "location": w.location.to_wire(), "units": units, "full": rep.full,
-                             "ticket": self.signer.sign(Ticket(plan.fetch_id, wid, w.id, rep.id, exp))}
+                             "ticket": self.signer.sign(Ticket(plan.fetch_id, wid, key, w.id, rep.id, exp))}
                             for rep, w, units in plan.sources]}
 
     def op_fetch_done(self, ident, rid, wid: str, fetch_id: str, ok: bool):
-        self.state.fetch_done(wid, fetch_id, bool(ok))
+        self.state.fetch_done(wid, fetch_id, ok)
         return True
 
-    def op_release(self, ident, rid, wid: str, model: str, version: int, shard, slot: str = "live",
+    def op_release(self, ident, rid, wid: str, model: str, version: int, shard: Shard, slot: str = "live",
                    handoff: bool = False):
-        outcome = self.state.release(wid, _name(model), int(version), Shard.from_wire(shard), slot, bool(handoff))
+        outcome = self.state.release(wid, model, version, shard, slot, handoff)
         if outcome is PENDING:
-            rep = f"{wid}:{model}:{version}:{Shard.from_wire(shard).key}:{slot}"
+            rep = f"{wid}:{model}:{version}:{shard.key}:{slot}"
             self._waiting.setdefault(rep, []).append((ident, rid))
             return _DEFERRED
         return str(outcome)
 
     def op_latest(self, ident, rid, model: str):
-        return self.state.model(_name(model)).latest
+        return self.state.model(model).latest
+
+    def op_versions(self, ident, rid, model: str):
+        m = self.state.model(model)
+        held = {r.version for r in self.state.replicas.values() if r.model == model and r.full}
+        return {"latest": m.latest, "committed": list(m.committed),
+                "retained": sorted(v for v in m.versions if self.state.is_retained(model, v)),
+                "held": sorted(held)}
 
     def op_stats(self, ident, rid):
         s = self.state.stats()
@@ -254,12 +260,23 @@ class HubServer:
 
 
 _DEFERRED = object()
+KEY_SUFFIX = ".ticket-key"
 
 
-def _name(model) -> str:
-    if not isinstance(model, str) or not model or len(model) > 256 or ":" in model:
-        raise E.ProtocolError(f"model name must be a non-empty string without ':' (<=256 chars), got {model!r}")
-    return model
+def _ticket_signer(journal: Journal) -> TicketSigner:
+    """The ticket-signing key lives in `<journal>.ticket-key` (0600, created with O_EXCL), never in
+    the journal. A journal from before that keeps its key in `meta`: move it out and scrub it."""
+    path = journal.path + KEY_SUFFIX
+    legacy = journal.get_meta("ticket_key")
+    if legacy is not None and not os.path.exists(path):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(legacy)
+            f.flush()
+            os.fsync(f.fileno())
+    if legacy is not None:
+        journal.scrub_meta("ticket_key")
+    return TicketSigner.from_key_file(path)
 
 
 @dataclass
@@ -292,10 +309,17 @@ def start_embedded_hub(*, host: str = "127.0.0.1", port: int = 0, token: str | N
 
 
 def serve_main(host: str, port: int, token_file: str, journal: str, config: HubConfig | None = None) -> None:
+    """Serve until SIGTERM or SIGINT, then stop cleanly: the loop ends within one tick, the journal is
+    checkpointed and closed, and the process exits 0. A restart on the same journal resumes as after
+    a kill -9 (workers re-register what they hold)."""
     token = read_or_create_token(token_file)
     server = HubServer(host=host, port=port, token=token, journal=journal, config=config)
+
+    def stop(signum, _frame) -> None:
+        log.info("hub: %s received; stopping", signal.Signals(signum).name)
+        server._stop.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     print(f"rlsync hub listening on {server.address}", flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
+    server.serve_forever()

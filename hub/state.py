@@ -34,8 +34,10 @@ class HubConfig:
     """Which versions stay retrievable, and how the last replica lets go."""
     worker_timeout_s: float = 15.0
     """A worker silent for this long (no RPC, no heartbeat) is expired and its replicas dropped."""
-    ticket_ttl_s: float = 600.0
-    """Lifetime of a data-plane ticket issued with a fetch plan."""
+    ticket_ttl_s: float = 10.0
+    """Lifetime of a data-plane ticket issued with a fetch plan. A reader opens its connections right
+    after it gets the plan (a re-plan issues fresh tickets), so seconds suffice; hosts' clocks must
+    agree to well within this."""
     suspect_s: float = 10.0
     """A source a reader reported dead or stalled gets no new reads for this long (or until it expires)."""
     reregister_grace_s: float = 5.0

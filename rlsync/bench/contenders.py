@@ -76,9 +76,10 @@ class RlsyncSource:
         import torch
 
         from rlsync.hub.manifest import Manifest
-        from rlsync.hub.tickets import Ticket, TicketSigner
+        from rlsync.hub.tickets import ReaderKey, Ticket, TicketSigner
 
         signer = TicketSigner()
+        self.reader = ReaderKey()
         ctx = mp.get_context("spawn")
         self._pipe, child = ctx.Pipe()
         self._proc = ctx.Process(target=_serve_source, args=(size, chunk_bytes, signer.public_bytes, child), daemon=True)
@@ -88,7 +89,7 @@ class RlsyncSource:
         hello = self._pipe.recv()
         self.endpoint = hello["endpoint"]
         self.manifest = Manifest.from_wire(hello["manifest"])
-        self.ticket = signer.sign(Ticket("bench", "reader", "source", _REPLICA, time.time() + 24 * 3600))
+        self.ticket = signer.sign(Ticket("bench", "reader", self.reader.public_bytes, "source", _REPLICA, time.time() + 24 * 3600))
         self.into = {"weights": torch.zeros(size, dtype=torch.uint8)}  # zeros: pages touched, warm
         self._zero_copy: bool | None = None  # unknown: the first read sets it
 
@@ -105,7 +106,7 @@ class RlsyncSource:
         dest = LocalReplica("bench:dest", self.manifest, self.into, full=False)
         units = list(range(len(self.manifest.units)))
         t0 = time.perf_counter()
-        n = read_from_source(transport, self.endpoint, self.ticket, _REPLICA, units, dest, 60.0, streams=streams)
+        n = read_from_source(transport, self.endpoint, self.ticket, _REPLICA, units, dest, 60.0, streams=streams, reader=self.reader)
         dt = time.perf_counter() - t0
         assert dest.complete and n == self.manifest.nbytes
         return n / dt / 1e9

@@ -11,7 +11,7 @@ import zmq
 from rlsync.hub import HubClient, Location, Shard
 from rlsync.hub import errors as E
 from rlsync.hub.dataplane_wire import MAGIC, REQ, UNIT
-from rlsync.hub.tickets import Ticket, TicketSigner
+from rlsync.hub.tickets import ReaderKey, Ticket, TicketSigner
 
 W = {"w": torch.arange(4096, dtype=torch.float32), "b": torch.ones(3)}
 
@@ -122,13 +122,15 @@ def test_data_plane_refuses_missing_and_forged_tickets(hub, published):
         s = raw_request(endpoint, {"ticket": ticket, "replica": rid, "units": [0]})
         status, code, text = read_error(s)
         assert status == 1 and code == "ticket", text
-    # A well-formed ticket signed by a key that is not the hub's.
-    forged = TicketSigner().sign(Ticket("f1", "w9", trainer.worker_id, rid, time.time() + 60))
-    status, code, text = read_error(raw_request(endpoint, {"ticket": forged, "replica": rid, "units": [0]}))
+    # A well-formed ticket signed by a key that is not the hub's (more in test_security.py).
+    key = ReaderKey()
+    forged = TicketSigner().sign(Ticket("f1", "w9", key.public_bytes, trainer.worker_id, rid, time.time() + 60))
+    status, code, text = read_error(raw_request(endpoint, key.sign_request(forged, rid, [0])))
     assert code == "ticket" and "forged" in text
     # A genuine ticket for another replica is refused too.
-    genuine = hub.server.signer.sign(Ticket("f1", "w9", trainer.worker_id, rid + "x", time.time() + 60))
-    status, code, text = read_error(raw_request(endpoint, {"ticket": genuine, "replica": rid, "units": [0]}))
+    genuine = hub.server.signer.sign(Ticket("f1", "w9", key.public_bytes, trainer.worker_id, rid + "x",
+                                            time.time() + 60))
+    status, code, text = read_error(raw_request(endpoint, key.sign_request(genuine, rid, [0])))
     assert code == "ticket"
     assert trainer.store.get(rid).units_served == 0
 

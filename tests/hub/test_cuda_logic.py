@@ -19,7 +19,7 @@ from rlsync.hub import errors as E
 from rlsync.hub.dataplane import DataPlaneConfig, DataServer, read_from_source
 from rlsync.hub.manifest import ManifestConfig, build_manifest
 from rlsync.hub.store import LocalReplica, ReplicaStore
-from rlsync.hub.tickets import Ticket, TicketSigner, TicketVerifier
+from rlsync.hub.tickets import ReaderKey, Ticket, TicketSigner, TicketVerifier
 from rlsync.hub.transports import choose_transport, cuda, get_transport
 from rlsync.hub.transports import cuda_logic as C
 from rlsync.hub.transports.tcp_py import PyTcpTransport
@@ -164,6 +164,7 @@ def fake_gpu(monkeypatch):
 
 
 SIGNER = TicketSigner()
+READER = ReaderKey()
 
 
 @pytest.fixture
@@ -183,8 +184,8 @@ def weights(seed=0):
 
 def fetch_into(transport, endpoint, rep, into):
     dest = cuda.make_replica("dest", rep.manifest, into, full=False)
-    tk = SIGNER.sign(Ticket("f1", "reader", "src", rep.id, 2e9))
-    read_from_source(transport, endpoint, tk, rep.id, list(range(len(rep.manifest.units))), dest, 5.0)
+    tk = SIGNER.sign(Ticket("f1", "reader", READER.public_bytes, "src", rep.id, 2e9))
+    read_from_source(transport, endpoint, tk, rep.id, list(range(len(rep.manifest.units))), dest, 5.0, reader=READER)
     return dest
 
 

@@ -25,7 +25,7 @@ from rlsync.hub.location import Location
 from rlsync.hub.manifest import ManifestConfig, allocate, build_manifest
 from rlsync.hub.dataplane import DataPlaneConfig, DataServer, read_from_source
 from rlsync.hub.store import LocalReplica, ReplicaStore
-from rlsync.hub.tickets import Ticket, TicketSigner, TicketVerifier
+from rlsync.hub.tickets import ReaderKey, Ticket, TicketSigner, TicketVerifier
 from rlsync.hub.transports import choose_transport, get_transport, rdma
 from rlsync.hub.transports import rdma_logic as L
 
@@ -399,6 +399,7 @@ class FakeQp:
 
 
 SIGNER = TicketSigner()
+READER = ReaderKey()
 
 
 @pytest.fixture
@@ -428,9 +429,9 @@ def eventually(cond, timeout=5.0) -> bool:
 
 def fake_read(endpoint, rep, units=None):
     dest = LocalReplica("dest", rep.manifest, allocate(rep.manifest), full=False)
-    tk = SIGNER.sign(Ticket("f1", "reader", "src", rep.id, 2e9))
+    tk = SIGNER.sign(Ticket("f1", "reader", READER.public_bytes, "src", rep.id, 2e9))
     units = list(range(len(rep.manifest.units))) if units is None else units
-    n = read_from_source(rdma.RdmaTransport(), endpoint, tk, rep.id, units, dest, 5.0)
+    n = read_from_source(rdma.RdmaTransport(), endpoint, tk, rep.id, units, dest, 5.0, reader=READER)
     return dest, n
 
 

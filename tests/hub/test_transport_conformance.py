@@ -21,13 +21,14 @@ from rlsync.hub.dataplane import DataPlaneConfig, DataServer, read_from_source
 from rlsync.hub.dataplane_wire import ERR, REQ, UNIT
 from rlsync.hub.manifest import ManifestConfig, allocate, build_manifest
 from rlsync.hub.store import LocalReplica, ReplicaStore
-from rlsync.hub.tickets import Ticket, TicketSigner, TicketVerifier
+from rlsync.hub.tickets import ReaderKey, Ticket, TicketSigner, TicketVerifier
 from rlsync.hub.transports import get_transport, transport_names
 from rlsync.hub.transports.base import Transport, recv_exact, transport_by_kind
 from rlsync.hub.transports.shm import boot_id
 
 SMALL = ManifestConfig(chunk_bytes=64 << 10, pack_below=4 << 10, pack_bytes=16 << 10)
 SIGNER = TicketSigner()
+READER = ReaderKey()
 
 
 HARDWARE = {"rdma": pytest.mark.rdma, "cuda_ipc": pytest.mark.cuda}
@@ -87,13 +88,13 @@ def source(_server):
 
 
 def ticket(replica: str = "r1", source: str = "src", signer: TicketSigner = SIGNER) -> bytes:
-    return signer.sign(Ticket("f1", "reader", source, replica, time.time() + 60))
+    return signer.sign(Ticket("f1", "reader", READER.public_bytes, source, replica, time.time() + 60))
 
 
 def read(transport, src_endpoint, rep: LocalReplica, into=None, units=None, streams=1, timeout=5.0, tk=None):
     dest = LocalReplica("dest", rep.manifest, into if into is not None else allocate(rep.manifest), full=False)
     units = list(range(len(rep.manifest.units))) if units is None else units
-    n = read_from_source(transport, src_endpoint, tk or ticket(rep.id), rep.id, units, dest, timeout, streams=streams)
+    n = read_from_source(transport, src_endpoint, tk or ticket(rep.id), rep.id, units, dest, timeout, streams=streams, reader=READER)
     return dest, n
 
 
@@ -251,7 +252,7 @@ def test_peer_death_mid_unit(transport, source):
     fake = FakeSource(frames[:cut])  # unit 0 whole, unit 1 cut in the middle, then the peer is gone
     dest = LocalReplica("dest", rep.manifest, allocate(rep.manifest), full=False)
     with pytest.raises(E.TransferError):
-        read_from_source(transport, fake.endpoint, ticket(), rep.id, [0, 1], dest, 5.0)
+        read_from_source(transport, fake.endpoint, ticket(), rep.id, [0, 1], dest, 5.0, reader=READER)
     assert dest.present[0] and not dest.present[1]  # nothing torn is ever marked present
 
 
@@ -261,7 +262,7 @@ def test_silent_peer_times_out(transport, source):
     dest = LocalReplica("dest", rep.manifest, allocate(rep.manifest), full=False)
     t0 = time.monotonic()
     with pytest.raises(E.TransferError, match="stalled|silent|timed out"):
-        read_from_source(transport, fake.endpoint, ticket(), rep.id, [0], dest, 0.5)
+        read_from_source(transport, fake.endpoint, ticket(), rep.id, [0], dest, 0.5, reader=READER)
     fake.done.set()
     assert time.monotonic() - t0 < 3 and not dest.present[0]
 
@@ -279,7 +280,7 @@ def test_malformed_frames_raise_typed_errors(transport, source, wire):
     fake = FakeSource(wire)
     dest = LocalReplica("dest", rep.manifest, allocate(rep.manifest), full=False)
     with pytest.raises(E.HubError):
-        read_from_source(transport, fake.endpoint, ticket(), rep.id, [0], dest, 2.0)
+        read_from_source(transport, fake.endpoint, ticket(), rep.id, [0], dest, 2.0, reader=READER)
     assert not any(dest.present)
 
 

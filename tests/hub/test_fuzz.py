@@ -1,0 +1,237 @@
+"""Fuzz (hypothesis): thousands of generated control frames and data-plane requests against a live hub
+process and a live worker process. Every one gets a typed refusal; no handler raises (the hub's log has
+no traceback, the data plane answers every request with a typed error frame); the hub's state and its
+journal are exactly as before.
+
+Frames include valid-token frames for every operation with each argument replaced by wrong-typed or
+out-of-range values (what crashed handlers on ea01902: 20 of 300 such frames).
+"""
+import hashlib
+import os
+import socket
+import sqlite3
+import string
+
+import msgpack
+import pytest
+import zmq
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rlsync.hub import ClientConfig, HubClient, Location
+from rlsync.hub import errors as E
+from rlsync.hub.dataplane_wire import MAGIC, REQ, UNIT
+from rlsync.hub.demo import start_hub_process
+from rlsync.hub.procs import WorkerProcess, close_all
+from rlsync.hub.wire_args import SPECS, check_args
+
+pytestmark = pytest.mark.timeout(300)
+CONTROL_FRAMES = 2000
+DATA_REQUESTS = 300
+CODES = set(E._BY_CODE) - {"hub_error"}  # every typed error; "hub_error" is the internal-error reply
+SAFE_VALID = {"ping", "stats", "latest", "versions"}  # read-only ops a frame may call validly
+BAD = {"bad": 1}  # refused by every argument's check (see wire_args)
+
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**64 - 1), st.floats(allow_nan=True),
+                    st.text(max_size=20), st.binary(max_size=40), st.sampled_from(["latest", "policy", "live", "seed"]))
+values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=5),
+                                                       st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+                      max_leaves=12)
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    tmp = str(tmp_path_factory.mktemp("fuzz"))
+    log_path = os.path.join(tmp, "hub.log")
+    log = open(log_path, "w")
+    os.environ["RLSYNC_HUB_LOG"] = "INFO"
+    try:
+        hub, address, token = start_hub_process(tmp, stderr=log)
+    finally:
+        os.environ.pop("RLSYNC_HUB_LOG")
+    trainer = WorkerProcess(address, token, ClientConfig(transport="tcp-py"), name="trainer")
+    reader = HubClient(address, token, config=ClientConfig(transport="tcp-py"))
+    try:
+        trainer.join(host="t")
+        trainer.call("publish", model="policy", version=1, size_mb=0.25, seed=1)
+        reader.join(Location(host="r"), "reader")
+        yield {"hub": hub, "address": address, "token": token, "trainer": trainer, "reader": reader,
+               "journal": os.path.join(tmp, "journal.db"), "log": log_path}
+    finally:
+        reader.leave()
+        close_all([trainer])
+        hub.kill()
+        hub.wait()
+        log.close()
+
+
+def snapshot(live) -> tuple:
+    """The hub's state as a client sees it, and a digest of every row of its journal."""
+    s = live["reader"].stats()
+    state = {k: s[k] for k in ("workers", "replicas", "fetches", "models")}
+    db = sqlite3.connect(f"file:{live['journal']}?mode=ro", uri=True)
+    try:
+        h = hashlib.sha256()
+        for table in ("versions", "meta"):
+            for row in db.execute(f"SELECT * FROM {table} ORDER BY 1, 2"):
+                h.update(repr(row).encode())
+    finally:
+        db.close()
+    return state, h.hexdigest(), sorted(live["trainer"].call("held"))
+
+
+def hub_log(live) -> str:
+    with open(live["log"]) as f:
+        return f.read()
+
+
+# ----------------------------------------------------------------------------- control plane
+@st.composite
+def frames(draw, wids):
+    kind = draw(st.sampled_from(["op", "op", "op", "op", "token", "shape"]))
+    op = draw(st.sampled_from(sorted(SPECS) + ["nope", "", "_handle"]))
+    if kind == "shape":  # a map that is not a request, or a request whose args are not a map
+        return draw(st.one_of(st.dictionaries(st.text(max_size=6), values, max_size=4),
+                              st.builds(lambda a: {"id": 1, "op": op, "args": a}, values))), True
+    args = {}
+    for name, (_, required) in SPECS.get(op, {}).items():
+        if not required and draw(st.booleans()):
+            continue
+        if name == "wid":
+            args[name] = draw(st.one_of(st.sampled_from(wids), values))
+        else:
+            args[name] = draw(values)
+    if draw(st.integers(0, 9)) == 0:
+        args[draw(st.text(string.ascii_lowercase, min_size=1, max_size=6))] = draw(values)
+    real_token = kind != "token"
+    if real_token and op in SPECS and op not in SAFE_VALID:
+        try:
+            check_args(op, args)
+            valid = True
+        except E.HubError:
+            valid = False
+        if valid and (op == "join" or args.get("wid") in wids):  # would really change state: spoil it
+            args[draw(st.sampled_from(sorted(SPECS[op])))] = BAD
+    return {"id": draw(st.integers(0, 2**32)), "op": op, "args": args}, real_token
+
+
+class Sender:
+    def __init__(self, address: str, token: str) -> None:
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(address)
+        self.token, self.sent = token, 0
+
+    def send(self, frame: dict, real_token: bool) -> dict:
+        frame = dict(frame)
+        frame["token"] = self.token if real_token else "not-the-token"
+        self.sock.send_multipart([b"", msgpack.packb(frame)])
+        self.sent += 1
+        assert self.sock.poll(10_000), f"no reply to {frame!r}"
+        return msgpack.unpackb(self.sock.recv_multipart()[-1], strict_map_key=False)
+
+
+def test_fuzzed_control_frames_get_typed_errors_and_change_nothing(live):
+    wids = [live["trainer"].wid, live["reader"].worker_id]
+    sender = Sender(live["address"], live["token"])
+    before = snapshot(live)
+
+    @settings(max_examples=CONTROL_FRAMES // 20, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(st.lists(frames(wids), min_size=20, max_size=20))
+    def run(batch):
+        for frame, real_token in batch:
+            reply = sender.send(frame, real_token)
+            assert isinstance(reply, dict), reply
+            if reply.get("ok"):
+                assert frame.get("op") in SAFE_VALID and real_token, (frame, reply)
+                continue
+            code = reply["error"][0]
+            assert code in CODES, (frame, reply)
+            if not real_token:
+                assert code == "auth", (frame, reply)
+
+    run()
+    sender.sock.close()
+    assert sender.sent >= CONTROL_FRAMES
+    assert snapshot(live) == before
+    text = hub_log(live)
+    assert "Traceback" not in text and "internal error" not in text, text[-3000:]
+    assert live["hub"].poll() is None
+
+
+# ----------------------------------------------------------------------------- data plane
+def data_request(endpoint: str, body: bytes, kind: int) -> tuple[int, str | None]:
+    host, port = endpoint.rsplit(":", 1)
+    s = socket.create_connection((host, int(port)), timeout=15)
+    try:
+        s.sendall(REQ.pack(MAGIC, 1, kind, 0, len(body)) + body)
+        head = s.recv(UNIT.size, socket.MSG_WAITALL)
+        assert len(head) == UNIT.size, "the data plane closed without a typed answer (a handler raised?)"
+        _, status, n = UNIT.unpack(head)
+        if status != 1:
+            return status, None
+        code, _ = msgpack.unpackb(s.recv(n, socket.MSG_WAITALL))
+        return status, code
+    finally:
+        s.close()
+
+
+@st.composite
+def requests(draw):
+    """(what to do with a fresh genuine plan, transport kind)."""
+    how = draw(st.sampled_from(["garbage", "map", "units", "replica", "nonce", "proof", "ticket", "thief"]))
+    return how, draw(values), draw(st.sampled_from([1, 1, 1, 0, 2, 6, 255])), draw(st.binary(max_size=80))
+
+
+def test_fuzzed_data_plane_requests_get_typed_errors(live):
+    from rlsync.hub.tickets import ReaderKey
+
+    reader, thief = live["reader"], ReaderKey()
+    before = snapshot(live)
+    sent = []
+
+    @settings(max_examples=DATA_REQUESTS, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(requests())
+    def run(req):
+        how, junk, kind, raw = req
+        plan = reader._rpc.call("fetch", wid=reader.worker_id, model="policy", version=1, shard=[0, 0, 1, 1])
+        reader._rpc.call("fetch_done", wid=reader.worker_id, fetch_id=plan["fetch_id"], ok=False)
+        src = plan["sources"][0]
+        ticket, rid, n_units = src["ticket"], src["replica"], len(plan["manifest"]["u"])
+        units = [n_units + 5]  # out of range: a request that passes every other check is still refused
+        key = reader._reader_key
+        if how == "garbage":
+            body = raw
+        elif how == "map":
+            body = msgpack.packb(junk if isinstance(junk, dict) else {"req": junk, "proof": raw})
+        elif how == "units":
+            body = key.sign_request(ticket, rid, junk if isinstance(junk, list) and junk else units)
+        elif how == "replica":
+            body = key.sign_request(ticket, junk if isinstance(junk, str) else raw.hex(), units)
+        elif how == "nonce":
+            req = {"ticket": ticket, "replica": rid, "units": units, "nonce": junk}
+            signed = msgpack.packb(req)
+            body = msgpack.packb({"req": signed, "proof": key._key.sign(signed)})
+        elif how == "proof":
+            signed = msgpack.unpackb(key.sign_request(ticket, rid, units))["req"]
+            body = msgpack.packb({"req": signed, "proof": raw if len(raw) != 64 else bytes(64)})
+        elif how == "ticket":
+            bad = bytearray(ticket)
+            bad[len(raw) % len(bad)] ^= 0x01 if not raw else raw[0] | 1
+            body = key.sign_request(bytes(bad), rid, [0])
+        else:
+            body = thief.sign_request(ticket, rid, [0])
+        status, code = data_request(src["endpoint"]["tcp"], body, kind)
+        sent.append(code)
+        if how == "units" and status == 0:  # junk that happened to be valid unit ids: served, fine
+            return
+        assert status == 1 and code in CODES, (how, kind, status, code)
+
+    run()
+    assert len(sent) >= DATA_REQUESTS
+    assert snapshot(live) == before
+    got = reader.fetch("policy", 1)  # the worker still serves the genuine reader
+    assert got.version == 1 and got.nbytes > 0
+    reader.release("policy", 1)
+    assert "Traceback" not in hub_log(live)
