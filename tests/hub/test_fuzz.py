@@ -31,6 +31,14 @@ DATA_REQUESTS = 300
 CODES = set(E._BY_CODE) - {"hub_error"}  # every typed error; "hub_error" is the internal-error reply
 SAFE_VALID = {"ping", "stats", "latest", "versions"}  # read-only ops a frame may call validly
 BAD = {"bad": 1}  # refused by every argument's check (see wire_args)
+PLAUSIBLE = {  # per argument, values that pass its check, so frames reach the state machine too
+    "model": st.sampled_from(["policy", "nope"]), "version": st.one_of(st.integers(0, 4), st.just("latest")),
+    "shard": st.sampled_from([[0, 0, 1, 1], [1, 0, 2, 1]]), "slot": st.sampled_from(["live", "seed", "x"]),
+    "manifest": st.just({"t": [], "u": []}), "fetch_id": st.sampled_from(["f1", "1.f2"]),
+    "failed": st.just([]), "units": st.lists(st.integers(0, 40), max_size=3), "ok": st.booleans(),
+    "handoff": st.booleans(), "follow": st.booleans(), "name": st.just("n"), "location": st.just({"dc": "d"}),
+    "endpoint": st.just({"tcp": "127.0.0.1:1", "reader_key": b"k" * 32}), "group": st.just(["g", 1]),
+    "into_spec": st.just([]), "worker_id": st.just("w9.9"), "role": st.sampled_from(["worker", "seed", "x"])}
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**64 - 1), st.floats(allow_nan=True),
                     st.text(max_size=20), st.binary(max_size=40), st.sampled_from(["latest", "policy", "live", "seed"]))
@@ -97,10 +105,8 @@ def frames(draw, wids):
     for name, (_, required) in SPECS.get(op, {}).items():
         if not required and draw(st.booleans()):
             continue
-        if name == "wid":
-            args[name] = draw(st.one_of(st.sampled_from(wids), values))
-        else:
-            args[name] = draw(values)
+        plausible = st.sampled_from(wids + ["w9.9"]) if name == "wid" else PLAUSIBLE[name]
+        args[name] = draw(plausible) if draw(st.integers(0, 9)) < 7 else draw(values)
     if draw(st.integers(0, 9)) == 0:
         args[draw(st.text(string.ascii_lowercase, min_size=1, max_size=6))] = draw(values)
     real_token = kind != "token"
@@ -135,6 +141,7 @@ def test_fuzzed_control_frames_get_typed_errors_and_change_nothing(live):
     wids = [live["trainer"].wid, live["reader"].worker_id]
     sender = Sender(live["address"], live["token"])
     before = snapshot(live)
+    seen: dict[str, int] = {}
 
     @settings(max_examples=CONTROL_FRAMES // 20, deadline=None, database=None,
               suppress_health_check=list(HealthCheck))
@@ -147,6 +154,7 @@ def test_fuzzed_control_frames_get_typed_errors_and_change_nothing(live):
                 assert frame.get("op") in SAFE_VALID and real_token, (frame, reply)
                 continue
             code = reply["error"][0]
+            seen[code] = seen.get(code, 0) + 1
             assert code in CODES, (frame, reply)
             if not real_token:
                 assert code == "auth", (frame, reply)
@@ -154,6 +162,8 @@ def test_fuzzed_control_frames_get_typed_errors_and_change_nothing(live):
     run()
     sender.sock.close()
     assert sender.sent >= CONTROL_FRAMES
+    # The frames reached every layer: auth, framing, argument checks, and the state machine behind them.
+    assert {"auth", "protocol", "invalid_argument", "version", "shard", "not_joined"} <= set(seen), seen
     assert snapshot(live) == before
     text = hub_log(live)
     assert "Traceback" not in text and "internal error" not in text, text[-3000:]
