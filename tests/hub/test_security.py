@@ -40,14 +40,8 @@ def modes(d: str) -> dict[str, int]:
 
 def readable_by_nobody(paths: list[str]) -> list[str]:
     """Which of `paths` user `nobody` can read (`cat` in a child process that drops to it)."""
-
-    def drop():
-        os.setgroups([])
-        os.setgid(NOBODY)
-        os.setuid(NOBODY)
-
-    return [p for p in paths if subprocess.run(["/bin/cat", p], preexec_fn=drop, cwd="/", capture_output=True,
-                                               timeout=30).returncode == 0]
+    return [p for p in paths if subprocess.run(["/bin/cat", p], user=NOBODY, group=NOBODY, extra_groups=[], cwd="/",
+                                               capture_output=True, timeout=30).returncode == 0]
 
 
 def assert_private(d: str, key: bytes) -> None:
