@@ -51,6 +51,11 @@ class RayConfig:
     """Intra-op threads per worker actor; tiny models run fastest on one."""
 
 
+CHATTER = ("rlsync.hub", "rlsync.pools", "rlsync.workers")
+"""Loggers whose INFO lines are per-version chatter (commits, offload-seeds, dropped seeds, joins, re-joins):
+they go to the run's log files (`<run dir>/train.log`, `<run dir>/logs/<worker>.log`), not the console."""
+
+
 def _run_hub_server() -> HubConfig:
     # The one deliberate difference from the hub's own defaults: the run's trainer releases the last
     # full replica of `latest` every step, and prefer_seed=True seeds a host copy at once instead of

@@ -16,27 +16,12 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from rlsync.config import ConfigError, register_configs, to_config, unknown_override
+from rlsync.config import CHATTER, ConfigError, register_configs, to_config, unknown_override
 from rlsync.core.registry import UnknownNameError
+from rlsync.hub.logs import quiet_console
 
 log = logging.getLogger("rlsync.train")
 register_configs()
-
-CHATTER = ("rlsync.hub", "rlsync.pools", "rlsync.workers")
-"""Loggers whose INFO lines are per-version chatter (commits, offload-seeds, dropped seeds, joins, re-joins):
-they go to the run's log file (Hydra's `<run dir>/train.log`), not the console; their warnings still show."""
-
-
-def quiet_console_chatter() -> None:
-    """Keep the console to the progress line and warnings; the run's log file keeps every line."""
-
-    def keep(record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.WARNING or not record.name.startswith(CHATTER)
-
-    for h in logging.getLogger().handlers:
-        if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
-            h.addFilter(keep)
-
 
 @hydra.main(config_path="pkg://rlsync.configs", config_name="train", version_base=None)
 def main(dcfg: DictConfig) -> None:
@@ -44,7 +29,7 @@ def main(dcfg: DictConfig) -> None:
 
     from rlsync.driver import Driver
 
-    quiet_console_chatter()
+    quiet_console(CHATTER)  # Hydra's own file handler (<run dir>/train.log) keeps them
     try:
         cfg = to_config(dcfg)
     except (ConfigError, UnknownNameError) as e:  # before Ray starts: the key and the valid choices

@@ -73,7 +73,8 @@ def _first_line(e: BaseException) -> str:
 
 class Driver:
     def __init__(self, cfg: TrainConfig, run_dir: str | os.PathLike):
-        self.cfg = cfg
+        # Workers read the run dir from their config (their log files go under it).
+        self.cfg = cfg if cfg.run_dir else dataclasses.replace(cfg, run_dir=str(run_dir))
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.bound = StalenessBound(cfg.rollout.max_staleness)

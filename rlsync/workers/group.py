@@ -16,8 +16,8 @@ from typing import Any, Callable
 import ray
 import torch
 
-from rlsync.config import TrainConfig
-from rlsync.hub.logs import setup_logging
+from rlsync.config import CHATTER, TrainConfig
+from rlsync.hub.logs import quiet_console, setup_logging
 
 log = logging.getLogger(__name__)
 
@@ -28,10 +28,15 @@ WORKER_ENV = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM
 
 
 
-def process_setup(cfg: TrainConfig) -> None:
-    """What every worker process does first: environment, logging, intra-op threads."""
+def process_setup(cfg: TrainConfig, name: str = "") -> None:
+    """What every worker process does first: environment, logging (chatter to `<run dir>/logs/<name>.log`,
+    not the driver's console), intra-op threads."""
     os.environ.update(WORKER_ENV)
     setup_logging()
+    if not getattr(process_setup, "_done", False):
+        process_setup._done = True
+        log_file = os.path.join(cfg.run_dir, "logs", f"{name or os.getpid()}.log") if cfg.run_dir else None
+        quiet_console(CHATTER, log_file)
     torch.set_num_threads(max(1, cfg.ray.torch_threads))
 
 

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 @with_telemetry
 class RolloutWorker:
     def __init__(self, cfg: TrainConfig, pool: str, index: int, hub_address: str, hub_token: str):
-        _process_setup(cfg)
+        _process_setup(cfg, f"{pool}-{index}")
         from rlsync.rollout import build_engine
 
         self.cfg, self.pool = cfg, pool

@@ -19,7 +19,7 @@ class SeedWorker:
     """
 
     def __init__(self, cfg: TrainConfig, dc: str, hub_address: str, hub_token: str):
-        process_setup(cfg)
+        process_setup(cfg, f"seed-{dc}")
         from rlsync.config import LocationConfig
 
         self.worker_id = f"seed-{dc}"

@@ -46,7 +46,7 @@ class TrainerWorker:
     def __init__(self, cfg: TrainConfig, rank: int, master_port: int | None, hub_address: str, hub_token: str):
         """Rank `rank` of the initial group at `master_port`; `master_port=None`: a worker added to an
         elastic group mid-run, alone until `reform` takes it in (`rank` is then its actor index)."""
-        _process_setup(cfg)
+        _process_setup(cfg, f"trainer-{rank}")
         from rlsync.trainer import DistConfig, free_port
 
         self.cfg, self.rank = cfg, rank
