@@ -55,3 +55,12 @@ def test_no_source_file_is_over_400_lines():
            for p in (ROOT / d).rglob("*.py") if (n := len(p.read_text().splitlines())) > 400]
     # hub/state.py and hub/client.py are being split in their own change (issue 15, item 7).
     assert not [b for b in big if not b.startswith(("hub/state.py", "hub/client.py"))], big
+
+
+def test_the_public_api_is_reexported_and_the_hub_stays_light():
+    code = ("import sys, rlsync.hub, rlsync.core.stall, rlsync.core.events, rlsync.core.registry; "
+            "assert 'torch' not in sys.modules and 'ray' not in sys.modules, sorted(sys.modules)[:5]; "
+            "from rlsync import Driver, RunError, TrainConfig, run; from rlsync.driver.loop import Driver as D; "
+            "assert Driver is D and TrainConfig().steps > 0 and callable(run)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
