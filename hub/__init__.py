@@ -10,7 +10,7 @@ from importlib import import_module
 
 _EXPORTS = {
     "ClientConfig": ".client", "FetchResult": ".client", "HubClient": ".client", "HubError": ".errors",
-    "Location": ".location", "ManifestConfig": ".manifest", "PlannerConfig": ".planner",
+    "Location": ".location", "Manifest": ".manifest", "ManifestConfig": ".manifest", "PlannerConfig": ".planner",
     "RetentionConfig": ".retention", "EmbeddedHub": ".server", "HubServer": ".server",
     "start_embedded_hub": ".server", "Shard": ".shard", "HubConfig": ".state", "errors": ".errors",
 }

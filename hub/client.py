@@ -74,6 +74,8 @@ class FetchResult:
     """Worker id -> transport used."""
     seconds: float
     nbytes: int
+    manifest: Manifest | None = None
+    """The version's manifest (tensor list, units, unit checksums): lets a consumer re-check bytes."""
 
     @property
     def gbps(self) -> float:
@@ -455,12 +457,16 @@ class HubClient:
 
     # ------------------------------------------------------------------ fetch
     def fetch(self, model: str, version: int | str = "latest", into: dict[str, torch.Tensor] | None = None,
-              shard: Shard = Shard(), group: tuple[str, int] | None = None) -> FetchResult:
+              shard: Shard = Shard(), group: tuple[str, int] | None = None,
+              on_unit: Callable[[Manifest, int], None] | None = None) -> FetchResult:
         """Pull (model, version, shard) from peers per the hub's plan; verify every unit.
 
         `version` is 'latest' or a committed version number; `group=(name, size)` pins a reader group
         (e.g. the TP ranks of one inference engine) to one version across its members. Afterwards
         this worker is a full replica and serves the version to others until it releases it.
+        `on_unit(manifest, u)` is called from transfer threads once unit `u` has landed and verified
+        (to consume tensors while the rest still arrive); a fetch of a version already held calls it
+        for no unit.
         """
         wid = self._need_join()
         _check_coords("fetch", model, version, shard)
@@ -506,7 +512,7 @@ class HubClient:
         used: dict[str, str] = {}
         sources, attempts = plan["sources"], 0
         while True:
-            failed, errors = self._pull_all(sources, dest, per_source, used)
+            failed, errors = self._pull_all(sources, dest, per_source, used, on_unit)
             missing = [u for u in range(len(manifest.units)) if not dest.present[u]]
             if not missing:
                 break
@@ -534,7 +540,7 @@ class HubClient:
         self._fetch_done(fid, ok=True, rep=dest, model=model, version=ver, shard=shard)
         self._held[rid] = (model, ver, shard, "live")
         secs = time.monotonic() - t0
-        result = FetchResult(ver, dest_tensors, per_source, used, secs, manifest.nbytes)
+        result = FetchResult(ver, dest_tensors, per_source, used, secs, manifest.nbytes, manifest)
         if self.on_fetch is not None:
             self.on_fetch(result)
         return result
@@ -565,7 +571,7 @@ class HubClient:
                 for name, t in into.items():
                     t.copy_(held[name])
             out = dict(into)
-        return FetchResult(ver, out, {}, {}, time.monotonic() - t0, 0)
+        return FetchResult(ver, out, {}, {}, time.monotonic() - t0, 0, rep.manifest)
 
     def _forget_stale(self, model: str, version: int, shard: Shard) -> None:
         """The hub lists a replica as ours that this client does not hold: make the hub drop it."""
@@ -577,7 +583,7 @@ class HubClient:
         except E.NotAReplicaError:
             pass
 
-    def _pull_all(self, sources: list[dict], dest: LocalReplica, per_source: dict, used: dict):
+    def _pull_all(self, sources: list[dict], dest: LocalReplica, per_source: dict, used: dict, on_unit=None):
         """Pull every source's units in parallel; returns (failed replica ids, errors)."""
         failed: list[str] = []
         errors: list[BaseException] = []
@@ -590,6 +596,8 @@ class HubClient:
             def landed(u: int) -> None:  # count units as they verify, so a failed source's part counts
                 with lock:
                     per_source[src["worker"]] += dest.manifest.units[u].nbytes
+                if on_unit is not None:
+                    on_unit(dest.manifest, u)
 
             try:
                 transport = choose_transport(self._endpoint, src["endpoint"], self.cfg.transport)

@@ -16,7 +16,7 @@ The hub never sees tensor bytes: only this metadata crosses the control plane.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable
 
 import xxhash
 
@@ -156,6 +156,25 @@ class Manifest:
             if t.device.type != "cpu":
                 raise BufferMismatchError(f"into[{name!r}] is on {t.device}; host memory expected")
 
+    def verify(self, tensors: "dict[str, torch.Tensor]", units: "Iterable[int] | None" = None) -> list[int]:
+        """Indices of `units` (all by default) whose bytes in `tensors` differ from their checksum.
+
+        What a consumer runs on the bytes it is about to use (xxh3: ~30 ms for 540 MB here).
+        """
+        idx = range(len(self.units)) if units is None else units
+        views: dict[int, memoryview] = {}
+        bad = []
+        for u in idx:
+            unit = self.units[u]
+            for ti, _, _ in unit.segments:
+                if ti not in views:
+                    views[ti] = byte_view(tensors[self.tensors[ti].name])
+            h = xxhash.xxh3_64()
+            for ti, off, ln in unit.segments:
+                h.update(views[ti][off:off + ln])
+            if h.intdigest() != unit.checksum:
+                bad.append(u)
+        return bad
 
 def unit_checksum(views: list[memoryview], unit: Unit) -> int:
     h = xxhash.xxh3_64()

@@ -1,0 +1,229 @@
+"""`VllmEngine`: sampling with vLLM (CPU or CUDA) plus per-token behaviour log-probs, and in-place
+weight updates through vLLM's layerwise reload.
+
+    engine = VllmEngine(VllmEngine.Config(max_new_tokens=16))      # model_dir: SmolLM2 by default
+    out = engine.generate([[1, 504, 3458], [1, 504, 3458]])         # a `Rollout`, tagged out.version
+    engine.apply(staged_tensors.items(), version=7)                 # between batches, in place
+
+Versions: `generate` and `apply` take one lock, so an update waits for the batch in flight and a
+batch never mixes two versions; every `Rollout` carries the version the engine held for all of it.
+
+Log-probs: vLLM returns the sampled token's log-prob of the temperature-scaled distribution
+(`logprobs_mode="processed_logprobs"`), computed in the engine's dtype (bf16 weights). The trainer
+recomputes them in its own precision; the gap is a metric (`rollout/logprob_gap`), not an error.
+
+In-place apply: the CPU backend repacks linear weights after loading (the qkv/o/gate_up/down
+`nn.Parameter`s become size 0), so writing into parameters changes nothing. `apply` runs the
+worker's layerwise reload (`initialize_layerwise_reload`, `model.load_weights`,
+`finalize_layerwise_reload`, what `reload_weights(is_checkpoint_format=True)` does) on tensors in
+checkpoint names, so each layer is re-processed as soon as its weights are in. With
+`VLLM_ENABLE_V1_MULTIPROCESSING=0` the worker runs in this process and reads the caller's
+tensors directly (no serialization, no copy besides vLLM's own repacking).
+
+Simplifies: one engine process (tensor parallel 1); the `LLM` offline API, batch by batch.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+
+from .engine import Rollout
+
+log = logging.getLogger(__name__)
+
+
+class WeightApplyError(RuntimeError):
+    """An update could not be applied completely; the engine refuses to generate until a good one is."""
+
+
+def _vllm_env(kv_cache_gib: int, threads: int | None) -> None:
+    # vLLM reads these when the engine starts: an in-process worker (so collective_rpc callables see
+    # our tensors) and a KV cache sized for a small machine.
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
+    if threads:
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+
+
+class VllmEngine:
+    @dataclass(kw_only=True)
+    class Config:
+        model_dir: str | None = None
+        """HF directory of the model; None prepares SmolLM2-135M-Instruct (`rollout.model_dir`)."""
+        dtype: str = "bfloat16"
+        """Weights' dtype inside vLLM."""
+        max_model_len: int = 512
+        """Longest sequence (prompt + response) the engine accepts."""
+        kv_cache_gib: int = 1
+        """CPU KV cache size (VLLM_CPU_KVCACHE_SPACE) when the environment does not set it."""
+        threads: int | None = None
+        """OMP threads for the CPU backend when the environment does not set them (None: vLLM's choice)."""
+        temperature: float = 1.0
+        """Sampling temperature (the trainer uses the same one for its log-probs)."""
+        top_p: float = 1.0
+        """Nucleus sampling mass; 1.0 samples from the whole distribution."""
+        top_k: int = 0
+        """Sample among the k most likely tokens; 0 disables."""
+        max_new_tokens: int = 16
+        """Longest response."""
+        do_sample: bool = True
+        """False: greedy decoding (log-probs are still of the temperature-scaled policy)."""
+        seed: int = 0
+        """Engine seed (sampling is reproducible for one engine and one batch order)."""
+        gpu_memory_utilization: float = 0.5
+        """Share of GPU memory vLLM may take (CUDA only)."""
+
+    def __init__(self, config: "VllmEngine.Config", *, eos_token_id: int | None = None,
+                 pad_token_id: int | None = None):
+        from .model_dir import prepare_smollm2
+
+        self.config = config
+        _vllm_env(config.kv_cache_gib, config.threads)
+        from vllm import LLM
+
+        self.model_dir = config.model_dir or prepare_smollm2()
+        t0 = time.monotonic()
+        self.llm = LLM(model=self.model_dir, dtype=config.dtype, enforce_eager=True, seed=config.seed,
+                       max_model_len=config.max_model_len, logprobs_mode="processed_logprobs",
+                       gpu_memory_utilization=config.gpu_memory_utilization)
+        self.start_s = time.monotonic() - t0
+        tok = self.llm.get_tokenizer()
+        self.eos_token_id = eos_token_id if eos_token_id is not None else tok.eos_token_id
+        self.pad_token_id = pad_token_id if pad_token_id is not None else (
+            tok.pad_token_id if tok.pad_token_id is not None else self.eos_token_id)
+        self._lock = threading.Lock()
+        self._version = 0
+        self._broken: str | None = None
+        log.info("vLLM engine on %s started in %.1fs", self.model_dir, self.start_s)
+
+    # ------------------------------------------------------------------ versions
+    @property
+    def version(self) -> int:
+        """Version of the weights the engine holds (0: the model directory's own weights)."""
+        return self._version
+
+    def set_version(self, version: int) -> None:
+        """Tag the weights the engine holds (e.g. version 0 published from the same directory)."""
+        with self._lock:
+            self._version = version
+
+    # ------------------------------------------------------------------ sampling
+    def _sampling_params(self):
+        from vllm import SamplingParams
+
+        c = self.config
+        if c.do_sample:
+            return SamplingParams(temperature=c.temperature, top_p=c.top_p, top_k=c.top_k or -1,
+                                  max_tokens=c.max_new_tokens, logprobs=0, stop_token_ids=[self.eos_token_id])
+        return SamplingParams(temperature=0.0, max_tokens=c.max_new_tokens, logprobs=0,
+                              stop_token_ids=[self.eos_token_id])
+
+    def generate(self, prompts: list[list[int]]) -> Rollout:
+        """Sample one response per prompt (repeat a prompt in the list for a GRPO group).
+
+        The whole batch runs under the engine lock: an `apply` waits for it, so every response
+        comes from `Rollout.version`.
+        """
+        from vllm.inputs import TokensPrompt
+
+        for i, p in enumerate(prompts):
+            if not p:
+                raise ValueError(f"prompt {i} is empty")
+        with self._lock:
+            if self._broken:
+                raise WeightApplyError(f"engine holds incomplete weights ({self._broken}); apply a good version first")
+            version = self._version
+            outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
+                                     self._sampling_params(), use_tqdm=False)
+        resp, lps = [], []
+        for o in outs:
+            c = o.outputs[0]
+            ids = list(c.token_ids)
+            resp.append(ids)
+            lps.append([d[t].logprob for d, t in zip(c.logprobs, ids)])
+        return self._layout(prompts, resp, lps, version)
+
+    def _layout(self, prompts, resp, lps, version: int) -> Rollout:
+        """Left-padded prompt, response, right padding: the layout `RolloutEngine` produces."""
+        b = len(prompts)
+        p, r = max(len(x) for x in prompts), max([len(x) for x in resp] + [1])
+        ids = torch.full((b, p + r), self.pad_token_id, dtype=torch.long)
+        attn = torch.zeros((b, p + r), dtype=torch.long)
+        rmask = torch.zeros((b, p + r), dtype=torch.long)
+        lp = torch.zeros((b, p + r), dtype=torch.float32)
+        for i, (x, y, l) in enumerate(zip(prompts, resp, lps)):
+            ids[i, p - len(x):p] = torch.tensor(x)
+            attn[i, p - len(x):p + len(y)] = 1
+            if y:
+                ids[i, p:p + len(y)] = torch.tensor(y)
+                rmask[i, p:p + len(y)] = 1
+                lp[i, p:p + len(y)] = torch.tensor(l, dtype=torch.float32)
+        return Rollout(input_ids=ids, attention_mask=attn, response_mask=rmask, logprobs=lp,
+                       response_ids=resp, version=version)
+
+    # ------------------------------------------------------------------ weights
+    def apply(self, weights: Iterable[tuple[str, torch.Tensor]], version: int, *,
+              expect: Iterable[str] | None = None) -> float:
+        """Load `weights` (checkpoint names, any dtype) in place, layer by layer; returns seconds.
+
+        Waits for the batch in flight. `expect`: names that must all have been loaded, else the
+        update fails loudly (`WeightApplyError`) and the engine refuses to generate until a
+        complete version is applied. An exception from `weights` (e.g. an integrity check) does
+        the same.
+        """
+        expected = set(expect) if expect is not None else None
+        with self._lock:
+            t0 = time.monotonic()
+            try:
+                loaded = self.llm.collective_rpc(_layerwise_reload, args=(weights,))[0]
+            except BaseException as e:
+                self._broken = f"update to v{version} failed: {e}"
+                raise
+            if expected is not None and not expected <= loaded:
+                missing = sorted(expected - loaded)
+                self._broken = f"update to v{version} missed {len(missing)} tensors"
+                raise WeightApplyError(f"update to v{version}: vLLM did not load {missing[:5]}")
+            self._version = version
+            self._broken = None
+            return time.monotonic() - t0
+
+    def shutdown(self) -> None:
+        """Free the engine (its KV cache and weights)."""
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None:
+            try:
+                llm.llm_engine.engine_core.shutdown()
+            except Exception as e:  # noqa: BLE001 - best effort at teardown
+                log.debug("vLLM shutdown: %s", e)
+
+
+def _layerwise_reload(worker, weights) -> set[str]:
+    """Runs inside the vLLM worker: `reload_weights(is_checkpoint_format=True)`, returning the
+    checkpoint names the model loaded (vLLM's own call discards them)."""
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+
+    runner = worker.model_runner
+    model = runner.get_model()
+    seen: set[str] = set()
+
+    def names(it):
+        for name, t in it:
+            seen.add(name)
+            yield name, t
+
+    with set_current_vllm_config(worker.vllm_config), torch.no_grad():
+        initialize_layerwise_reload(model)
+        model.load_weights(names(weights))
+        finalize_layerwise_reload(model, runner.model_config)
+    for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):
+        fn = getattr(runner, reset, None)
+        if fn is not None:
+            fn()
+    return seen

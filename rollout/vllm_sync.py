@@ -1,0 +1,312 @@
+"""`HubWeightStage`: a vLLM engine's weights, fed in place by the hub through a host staging replica.
+
+    stage = HubWeightStage(hub, engine, model="policy")   # hub: a joined rlsync.hub.HubClient
+    stage.update("latest")       # join: fetch and apply now, pipelined tensor by tensor
+    stage.prefetch(8)            # later: fetch v8 into staging while the engine keeps generating
+    ...engine.generate(...)      # still v7
+    stats = stage.apply_staged() # between batches: the only pause, the in-place apply of v8
+
+Why a staging buffer: vLLM's CPU backend repacks its linear weights into kernel layouts, so the
+hub cannot fetch into the engine's own parameters (they are size 0) and a peer cannot read the
+weights back out of them. So each version lands in host buffers laid out like the version's
+manifest (the trainer's names and dtypes), and the engine loads from there with its layerwise
+reload. Those buffers are a full replica: with `serve_peers` (the default) the hub routes other
+engines' fetches to them until the next version overwrites them, so an engine joining mid-run
+reads from a peer engine, not from the trainer. The cost is one host copy of the model per engine
+(540 MB for SmolLM2-135M in fp32); `serve_peers=False` releases it after each apply (the buffers
+are reused, but nobody can read from them). docs/vllm.md has the measurements.
+
+Integrity: the bytes applied are the bytes the manifest describes. Each unit is checked against
+its manifest checksum as it is handed to vLLM (xxh3, ~30 ms per 540 MB); a mismatch raises
+`WeightIntegrityError` inside the apply, the engine refuses to generate, and the next update must
+apply a whole good version. The hub's fetch has already verified every unit on arrival; this
+check covers what happened to the staging buffers since (they are served to peers meanwhile).
+
+Metrics per update (`SyncStats`): `sync/fetch_s` (hub fetch into staging), `sync/apply_s`
+(vLLM's reload), `sync/pause_s` (the engine not generating because of the update: waiting for
+its lock plus the apply and checks; with prefetch the fetch is not in it).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+
+from .vllm_engine import VllmEngine
+
+log = logging.getLogger(__name__)
+
+
+class WeightIntegrityError(RuntimeError):
+    """Bytes about to be applied do not match the version's manifest checksums."""
+
+
+@dataclass(kw_only=True, slots=True)
+class SyncStats:
+    version: int
+    fetch_s: float
+    """Fetch into staging (for a pipelined update: until the last unit landed)."""
+    apply_s: float
+    """vLLM's in-place layerwise reload, checks included."""
+    pause_s: float
+    """Engine not generating because of this update."""
+    nbytes: int
+    bytes_by_source: dict[str, int] = field(default_factory=dict)
+    """Hub worker id -> bytes it served to this update's fetch."""
+
+    def metrics(self) -> dict[str, float]:
+        return {"sync/fetch_s": self.fetch_s, "sync/apply_s": self.apply_s, "sync/pause_s": self.pause_s,
+                "sync/bytes": float(self.nbytes), "sync/version": float(self.version)}
+
+
+class _Landing:
+    """Which tensors of a fetch in progress are complete (all their units landed and verified)."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.manifest = None
+        self.units_left: list[int] = []
+        self.ready: list[int] = []  # tensor indices, in completion order
+        self.done = False
+        self.error: BaseException | None = None
+        self._unit_tensors: list[list[int]] = []
+
+    def on_unit(self, manifest, u: int) -> None:
+        with self.cond:
+            if self.manifest is None:
+                self.manifest = manifest
+                self.units_left = [0] * len(manifest.tensors)
+                self._unit_tensors = [sorted({ti for ti, _, _ in unit.segments}) for unit in manifest.units]
+                for ts in self._unit_tensors:
+                    for ti in ts:
+                        self.units_left[ti] += 1
+                self.ready = [i for i, n in enumerate(self.units_left) if n == 0]  # empty tensors
+            for ti in self._unit_tensors[u]:
+                self.units_left[ti] -= 1
+                if self.units_left[ti] == 0:
+                    self.ready.append(ti)
+            self.cond.notify_all()
+
+    def finish(self, manifest, error: BaseException | None) -> None:
+        with self.cond:
+            if error is None and self.manifest is None:  # already held: no unit was transferred
+                self.manifest = manifest
+                self.ready = list(range(len(manifest.tensors)))
+            self.done, self.error = True, error
+            self.cond.notify_all()
+
+
+class HubWeightStage:
+    @dataclass(kw_only=True)
+    class Config:
+        serve_peers: bool = True
+        """Keep each applied version in the staging buffers as a hub replica other engines read from."""
+        verify: bool = True
+        """Check the applied bytes against the manifest checksums on every update."""
+
+    def __init__(self, hub, engine: VllmEngine, model: str = "policy", config: "HubWeightStage.Config | None" = None):
+        self.hub, self.engine, self.model = hub, engine, model
+        self.config = config or HubWeightStage.Config()
+        self._staging: dict[str, torch.Tensor] | None = None
+        self._manifest = None
+        self.staged_version: int | None = None
+        """Version complete in the staging buffers (None: nothing, or a fetch is overwriting them)."""
+        self._staged_fetch_s = 0.0
+        self._staged_sources: dict[str, int] = {}
+        self._fetch: threading.Thread | None = None
+        self._fetch_error: BaseException | None = None
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ fetch into staging
+    def _fetch_into_staging(self, version, on_unit=None):
+        self.staged_version = None  # the buffers are about to change
+        res = self.hub.fetch(self.model, version, into=self._staging, on_unit=on_unit)
+        self._staging, self._manifest = res.tensors, res.manifest
+        return res
+
+    def prefetch(self, version: int | str = "latest") -> bool:
+        """Start fetching `version` into staging in the background; False if a fetch is running
+        or that version is already staged or applied."""
+        with self._lock:
+            if self._fetch is not None and self._fetch.is_alive():
+                return False
+            if isinstance(version, int) and version in (self.staged_version, self.engine.version):
+                return False
+            self._fetch_error = None
+
+            def run():
+                try:
+                    res = self._fetch_into_staging(version)
+                    self._staged_fetch_s, self._staged_sources = res.seconds, dict(res.bytes_by_source)
+                    self.staged_version = res.version
+                except BaseException as e:  # noqa: BLE001 - surfaced by wait_staged / apply_staged
+                    self._fetch_error = e
+                    log.warning("prefetch of %s %s failed: %s", self.model, version, e)
+
+            self._fetch = threading.Thread(target=run, name="rlsync-vllm-prefetch", daemon=True)
+            self._fetch.start()
+            return True
+
+    def poll(self) -> bool:
+        """Prefetch the hub's latest version when it is newer than what is staged or applied."""
+        latest = self.hub.latest(self.model)
+        held = max(v for v in (self.staged_version, self.engine.version, -1) if v is not None)
+        return latest is not None and latest > held and self.prefetch(latest)
+
+    def wait_staged(self, timeout_s: float | None = None) -> int | None:
+        """Wait for the background fetch; returns the staged version (re-raises its error)."""
+        t = self._fetch
+        if t is not None:
+            t.join(timeout_s)
+            if t.is_alive():
+                return None
+        if self._fetch_error is not None:
+            err, self._fetch_error = self._fetch_error, None
+            raise err
+        return self.staged_version
+
+    # ------------------------------------------------------------------ apply
+    def _checked(self, tensors: dict[str, torch.Tensor], manifest, order: Iterator[int]):
+        """Yield (name, tensor) in `order` (tensor indices), checking each unit against the manifest
+        the first time one of its tensors is handed out."""
+        unit_of: list[list[int]] = [[] for _ in manifest.tensors]
+        for u, unit in enumerate(manifest.units):
+            for ti, _, _ in unit.segments:
+                unit_of[ti].append(u)
+        checked: set[int] = set()
+        for ti in order:
+            todo = [u for u in unit_of[ti] if u not in checked]
+            if todo and self.config.verify:
+                bad = manifest.verify(tensors, todo)
+                if bad:
+                    raise WeightIntegrityError(
+                        f"{self.model}: {len(bad)} unit(s) of {manifest.tensors[ti].name} do not match the "
+                        "version's manifest checksums; update refused")
+            checked.update(todo)
+            spec = manifest.tensors[ti]
+            yield spec.name, tensors[spec.name]
+
+    def apply_staged(self) -> SyncStats | None:
+        """Apply the staged version into the engine (waits for the batch in flight); None if nothing
+        newer than the engine's version is staged or a fetch is still writing the buffers."""
+        if self._fetch is not None and self._fetch.is_alive():
+            return None
+        v = self.staged_version
+        if v is None or v <= self.engine.version:
+            return None
+        names = [s.name for s in self._manifest.tensors]
+        t0 = time.monotonic()
+        try:
+            apply_s = self.engine.apply(self._checked(self._staging, self._manifest, iter(range(len(names)))), v,
+                                        expect=names)
+        except WeightIntegrityError:
+            self._drop_staged(v)
+            raise
+        pause_s = time.monotonic() - t0
+        self._after_apply(v)
+        return SyncStats(version=v, fetch_s=self._staged_fetch_s, apply_s=apply_s, pause_s=pause_s,
+                         nbytes=self._manifest.nbytes, bytes_by_source=self._staged_sources)
+
+    def update(self, version: int | str = "latest", *, pipelined: bool = False) -> SyncStats:
+        """Fetch `version` and apply it now; the engine does not generate meanwhile (a joining
+        engine, a benchmark). In a running loop use `prefetch` + `apply_staged`: its pause is the
+        apply alone.
+
+        `pipelined`: hand each tensor to vLLM as soon as its units have landed, so fetch and apply
+        overlap. On 2 shared cores this was slower than fetch-then-apply (the transfer threads and
+        vLLM's repacking compete for the same cores; docs/vllm.md), so it is off by default. The
+        first update of a stage is never pipelined (that fetch allocates the staging buffers).
+        """
+        self.wait_staged()
+        if version == "latest":
+            version = self.hub.latest(self.model)
+            if version is None:
+                raise LookupError(f"the hub has no committed version of {self.model!r}")
+        if self._staging is None or not pipelined:
+            t0 = time.monotonic()
+            res = self._fetch_into_staging(version)
+            self._staged_fetch_s, self._staged_sources = res.seconds, dict(res.bytes_by_source)
+            self.staged_version = res.version
+            stats = self.apply_staged()
+            if stats is None:  # the engine already holds this version
+                return SyncStats(version=res.version, fetch_s=res.seconds, apply_s=0.0, pause_s=0.0, nbytes=0)
+            stats.pause_s = time.monotonic() - t0
+            return stats
+        landing = _Landing()
+        box: dict = {}
+
+        def run():
+            try:
+                box["res"] = self._fetch_into_staging(version, on_unit=landing.on_unit)
+                landing.finish(box["res"].manifest, None)
+            except BaseException as e:  # noqa: BLE001 - re-raised by the consuming iterator
+                landing.finish(None, e)
+
+        def order() -> Iterator[int]:
+            i = 0
+            while True:
+                with landing.cond:
+                    while i >= len(landing.ready) and not landing.done:
+                        landing.cond.wait(1.0)
+                    if landing.error is not None:
+                        raise landing.error
+                    if i >= len(landing.ready):
+                        return
+                    ti = landing.ready[i]
+                    manifest = landing.manifest
+                i += 1
+                yield ti, manifest
+
+        t0 = time.monotonic()
+        fetcher = threading.Thread(target=run, name="rlsync-vllm-fetch", daemon=True)
+        fetcher.start()
+        try:
+            # Wait for the first tensor before touching the engine: a fetch refused or failed at
+            # once (a version lost meanwhile, say) leaves the engine's weights as they were.
+            it = order()
+            first = next(it, None)
+            if first is None:
+                raise WeightIntegrityError(f"{self.model} v{version}: the fetch returned no tensor")
+            stream = self._checked(self._staging, first[1], _chain(first[0], (ti for ti, _ in it)))
+            apply_s = self.engine.apply(stream, version, expect=[s.name for s in self._manifest.tensors])
+        finally:
+            fetcher.join()
+        res = box["res"]
+        missing = {s.name for s in res.manifest.tensors} - {n for n in res.tensors}
+        if missing:  # cannot happen unless the fetch handed back other buffers
+            raise WeightIntegrityError(f"{self.model} v{version}: staging lacks {sorted(missing)[:5]}")
+        self.staged_version = res.version
+        self._staged_fetch_s, self._staged_sources = res.seconds, dict(res.bytes_by_source)
+        self._after_apply(res.version)
+        return SyncStats(version=res.version, fetch_s=res.seconds, apply_s=apply_s,
+                         pause_s=time.monotonic() - t0, nbytes=res.nbytes, bytes_by_source=dict(res.bytes_by_source))
+
+    def _drop_staged(self, version: int) -> None:
+        """Staging bytes failed their checksums: stop serving them (no peer may read them) and forget
+        them, so the next update fetches the version again."""
+        log.error("%s v%d: staging buffers do not match the manifest; replica withdrawn", self.model, version)
+        self.staged_version = None
+        try:
+            self.hub.release(self.model, version)
+        except Exception as e:  # noqa: BLE001 - the integrity error is what the caller must see
+            log.warning("could not withdraw the corrupt replica of %s v%d: %s", self.model, version, e)
+
+    def _after_apply(self, version: int) -> None:
+        if not self.config.serve_peers:
+            self.hub.release(self.model, version)
+            self.staged_version = None
+
+    def close(self) -> None:
+        """Wait for a background fetch; the caller leaves the hub."""
+        t = self._fetch
+        if t is not None:
+            t.join()
+
+
+def _chain(first, rest):
+    yield first
+    yield from rest

@@ -1,0 +1,154 @@
+"""The vLLM rollout engine fed in place by the hub: log-probs follow each update, versions are
+tagged and never torn, corrupt staging is refused, the staging replica serves peers.
+
+One engine for the whole module (see conftest.py). Log-prob gaps are compared with each other
+(right weights vs the previous version's), not with a fixed figure of speed.
+"""
+import threading
+
+import pytest
+import torch
+
+from conftest import logprob_gap
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def _with_weights(rig, seed):
+    """Put the trainer-side HF model at the weights of the version written with `seed`."""
+    from conftest import new_version
+
+    new_version(rig.params, rig.base, seed)
+
+
+def test_logprobs_follow_update(rig):
+    """After an update vLLM's per-token log-probs match the trainer's recomputation on the same
+    weights (bf16 engine vs fp32 trainer), and no longer match the previous version."""
+    v1 = rig.publish(seed=1)
+    s1 = rig.stage.update("latest")
+    assert s1.version == v1 == rig.engine.version and s1.apply_s > 0 and s1.fetch_s > 0
+    v2 = rig.publish(seed=2)
+    s2 = rig.stage.update(v2)
+    assert s2.bytes_by_source and sum(s2.bytes_by_source.values()) == s2.nbytes
+    out = rig.engine.generate(rig.prompts * 2)
+    assert out.version == v2
+    gap_new = logprob_gap(rig.model, out)           # trainer model holds v2 now
+    _with_weights(rig, seed=1)
+    gap_old = logprob_gap(rig.model, out)
+    _with_weights(rig, seed=2)
+    # bf16 vs fp32 on the same weights: a few hundredths; against another version: far more.
+    assert gap_new < 0.1, gap_new
+    assert gap_old > 3 * gap_new, (gap_old, gap_new)
+
+
+def test_greedy_matches_trainer_first_tokens(rig):
+    """Greedy decoding after an update: vLLM's first response token equals the trainer model's
+    greedy token for every prompt (later tokens may part on bf16 near-ties)."""
+    v = rig.publish(seed=3)
+    rig.stage.update(v)
+    rig.engine.config.do_sample = False
+    try:
+        out = rig.engine.generate(rig.prompts)
+    finally:
+        rig.engine.config.do_sample = True
+    with torch.no_grad():
+        for p, got in zip(rig.prompts, out.response_ids):
+            logits = rig.model(torch.tensor([p])).logits[0, -1]
+            assert got[0] == int(logits.argmax()), (got, int(logits.argmax()))
+
+
+def test_prefetch_then_apply_reports_version_and_pause(rig):
+    """N updates through prefetch (engine keeps generating) + apply (the pause): the engine reports
+    each version, batches are tagged with it, and the pause is the apply plus checks."""
+    for seed in (4, 5, 6):
+        v = rig.publish(seed=seed)
+        assert rig.stage.prefetch(v)
+        out = rig.engine.generate(rig.prompts)      # generating with the previous version meanwhile
+        assert out.version == v - 1
+        assert rig.stage.wait_staged(timeout_s=120) == v
+        stats = rig.stage.apply_staged()
+        assert stats.version == v == rig.engine.version
+        assert stats.pause_s >= stats.apply_s > 0
+        assert set(stats.metrics()) >= {"sync/fetch_s", "sync/apply_s", "sync/pause_s"}
+        assert rig.engine.generate(rig.prompts[:1]).version == v
+    assert rig.client.latest("policy") == rig.engine.version
+
+
+def test_update_never_tears_a_batch(rig):
+    """An apply requested while a batch is generating waits for it: the whole batch comes from the
+    old version (its log-probs match the old weights), the next batch from the new one."""
+    old = rig.publish(seed=7)
+    rig.stage.update(old)
+    new = rig.publish(seed=8)
+    rig.stage.prefetch(new)
+    rig.stage.wait_staged(timeout_s=120)
+    started, result = threading.Event(), {}
+    orig_generate = rig.engine.llm.generate
+
+    def generate_and_signal(*a, **kw):
+        started.set()  # the batch holds the engine lock from here on
+        return orig_generate(*a, **kw)
+
+    rig.engine.llm.generate = generate_and_signal
+    rig.engine.config.max_new_tokens = 32
+    try:
+        t = threading.Thread(target=lambda: result.setdefault("out", rig.engine.generate(rig.prompts * 2)))
+        t.start()
+        assert started.wait(120)
+        stats = rig.stage.apply_staged()            # blocks until the batch is done
+        t.join()
+    finally:
+        rig.engine.llm.generate = orig_generate
+        rig.engine.config.max_new_tokens = 12
+    out = result["out"]
+    assert out.version == old and stats.version == new == rig.engine.version
+    _with_weights(rig, seed=7)
+    gap_old = logprob_gap(rig.model, out)
+    _with_weights(rig, seed=8)
+    gap_new = logprob_gap(rig.model, out)
+    assert gap_old < 0.1 and gap_new > 3 * gap_old, (gap_old, gap_new)
+    assert rig.engine.generate(rig.prompts[:1]).version == new
+
+
+def test_corrupt_staging_fails_loudly_and_recovers(rig):
+    """A staging byte flipped after the fetch: the apply raises, the engine refuses to generate,
+    the corrupt replica is withdrawn; a fresh update of the same version works again."""
+    from rlsync.rollout.vllm_engine import WeightApplyError
+    from rlsync.rollout.vllm_sync import WeightIntegrityError
+
+    v = rig.publish(seed=9)
+    rig.stage.prefetch(v)
+    assert rig.stage.wait_staged(timeout_s=120) == v
+    name = "model.layers.3.mlp.down_proj.weight"
+    rig.stage._staging[name].view(-1)[17] += 1.0     # a fault injected into the staging buffer
+    with pytest.raises(WeightIntegrityError, match="down_proj"):
+        rig.stage.apply_staged()
+    with pytest.raises(WeightApplyError):
+        rig.engine.generate(rig.prompts[:1])
+    assert not any(f":policy:{v}:" in rid for rid in rig.client.held())
+    stats = rig.stage.update(v)
+    assert stats.version == v == rig.engine.version
+    out = rig.engine.generate(rig.prompts)
+    assert logprob_gap(rig.model, out) < 0.1
+
+
+def test_staging_replica_serves_a_joining_peer(rig):
+    """The engine's staging buffers are a hub replica: a worker joining later reads the version
+    from them, not from the trainer (which has stepped and released it)."""
+    from rlsync.hub import HubClient, Location
+
+    v = rig.publish(seed=10)
+    rig.stage.update(v)
+    rig.trainer.release("policy", v)
+    rig.version_released = True
+    peer = HubClient(rig.hub.address, token=rig.hub.token)
+    peer.join(Location(host="h0"), name="joiner")
+    try:
+        got = peer.fetch("policy", "latest")
+        assert got.version == v
+        assert set(got.bytes_by_source) == {rig.client.worker_id}
+        assert all(torch.equal(got.tensors[n], rig.stage._staging[n]) for n in got.tensors)
+    finally:
+        peer.leave()
+    rig.trainer.publish("policy", v + 1, rig.params)   # leave the rig with a live trainer version
+    rig.version = v + 1
