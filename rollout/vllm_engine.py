@@ -42,6 +42,19 @@ class WeightApplyError(RuntimeError):
     """An update could not be applied completely; the engine refuses to generate until a good one is."""
 
 
+class _DropDtypeNotes(logging.Filter):
+    """vLLM warns once per tensor when fp32 trainer weights load into bf16 parameters: expected here."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Attempted to load weight")
+
+
+def quiet_dtype_notes() -> None:
+    lg = logging.getLogger("vllm.model_executor.models.utils")
+    if not any(isinstance(f, _DropDtypeNotes) for f in lg.filters):
+        lg.addFilter(_DropDtypeNotes())
+
+
 def _vllm_env(kv_cache_gib: int, threads: int | None) -> None:
     # vLLM reads these when the engine starts: an in-process worker (so collective_rpc callables see
     # our tensors) and a KV cache sized for a small machine.
@@ -93,6 +106,7 @@ class VllmEngine:
                        max_model_len=config.max_model_len, logprobs_mode="processed_logprobs",
                        gpu_memory_utilization=config.gpu_memory_utilization)
         self.start_s = time.monotonic() - t0
+        quiet_dtype_notes()
         tok = self.llm.get_tokenizer()
         self.eos_token_id = eos_token_id if eos_token_id is not None else tok.eos_token_id
         self.pad_token_id = pad_token_id if pad_token_id is not None else (
@@ -203,14 +217,12 @@ class VllmEngine:
                 log.debug("vLLM shutdown: %s", e)
 
 
-def _layerwise_reload(worker, weights) -> set[str]:
-    """Runs inside the vLLM worker: `reload_weights(is_checkpoint_format=True)`, returning the
-    checkpoint names the model loaded (vLLM's own call discards them)."""
-    from vllm.config import set_current_vllm_config
+def layerwise_load(model, model_config, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+    """vLLM's in-place layerwise reload of `model` from checkpoint-format `weights` (what
+    `reload_weights(is_checkpoint_format=True)` does); returns the names consumed. Runs where the
+    model lives (inside the worker)."""
     from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
 
-    runner = worker.model_runner
-    model = runner.get_model()
     seen: set[str] = set()
 
     def names(it):
@@ -218,10 +230,20 @@ def _layerwise_reload(worker, weights) -> set[str]:
             seen.add(name)
             yield name, t
 
-    with set_current_vllm_config(worker.vllm_config), torch.no_grad():
+    with torch.no_grad():
         initialize_layerwise_reload(model)
         model.load_weights(names(weights))
-        finalize_layerwise_reload(model, runner.model_config)
+        finalize_layerwise_reload(model, model_config)
+    return seen
+
+
+def _layerwise_reload(worker, weights) -> set[str]:
+    """Runs inside the vLLM worker (collective_rpc): `layerwise_load` plus the caches a reload resets."""
+    from vllm.config import set_current_vllm_config
+
+    runner = worker.model_runner
+    with set_current_vllm_config(worker.vllm_config):
+        seen = layerwise_load(runner.get_model(), runner.model_config, weights)
     for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):
         fn = getattr(runner, reset, None)
         if fn is not None:

@@ -32,7 +32,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import torch
 
@@ -171,24 +171,7 @@ class HubWeightStage:
 
     # ------------------------------------------------------------------ apply
     def _checked(self, tensors: dict[str, torch.Tensor], manifest, order: Iterator[int]):
-        """Yield (name, tensor) in `order` (tensor indices), checking each unit against the manifest
-        the first time one of its tensors is handed out."""
-        unit_of: list[list[int]] = [[] for _ in manifest.tensors]
-        for u, unit in enumerate(manifest.units):
-            for ti, _, _ in unit.segments:
-                unit_of[ti].append(u)
-        checked: set[int] = set()
-        for ti in order:
-            todo = [u for u in unit_of[ti] if u not in checked]
-            if todo and self.config.verify:
-                bad = manifest.verify(tensors, todo)
-                if bad:
-                    raise WeightIntegrityError(
-                        f"{self.model}: {len(bad)} unit(s) of {manifest.tensors[ti].name} do not match the "
-                        "version's manifest checksums; update refused")
-            checked.update(todo)
-            spec = manifest.tensors[ti]
-            yield spec.name, tensors[spec.name]
+        return checked_tensors(tensors, manifest, order, verify=self.config.verify, what=self.model)
 
     def apply_staged(self) -> SyncStats | None:
         """Apply the staged version into the engine (waits for the batch in flight); None if nothing
@@ -305,6 +288,29 @@ class HubWeightStage:
         t = self._fetch
         if t is not None:
             t.join()
+
+
+def checked_tensors(tensors: dict[str, torch.Tensor], manifest, order: Iterable[int] | None = None, *,
+                    verify: bool = True, what: str = "weights") -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (name, tensor) of `tensors` in `order` (manifest tensor indices; all by default), checking
+    each unit against the manifest checksums the first time one of its tensors is handed out.
+    Raises `WeightIntegrityError` at the first mismatch (before that tensor is yielded)."""
+    unit_of: list[list[int]] = [[] for _ in manifest.tensors]
+    for u, unit in enumerate(manifest.units):
+        for ti, _, _ in unit.segments:
+            unit_of[ti].append(u)
+    checked: set[int] = set()
+    for ti in (range(len(manifest.tensors)) if order is None else order):
+        todo = [u for u in unit_of[ti] if u not in checked]
+        if todo and verify:
+            bad = manifest.verify(tensors, todo)
+            if bad:
+                raise WeightIntegrityError(
+                    f"{what}: {len(bad)} unit(s) of {manifest.tensors[ti].name} do not match the "
+                    "version's manifest checksums; update refused")
+        checked.update(todo)
+        spec = manifest.tensors[ti]
+        yield spec.name, tensors[spec.name]
 
 
 def _chain(first, rest):
