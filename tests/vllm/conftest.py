@@ -34,7 +34,7 @@ def logprob_gap(model, rollout):
     """Mean |trainer log-prob - vLLM log-prob| over response tokens (the trainer recomputes in fp32)."""
     import torch
 
-    from rlsync.trainer.logprobs import token_logprobs
+    from rlsync.core.logprobs import token_logprobs
 
     with torch.no_grad():
         lp, _ = token_logprobs(model, rollout.input_ids, rollout.attention_mask)
