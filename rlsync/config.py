@@ -163,7 +163,8 @@ class RolloutConfig:
     weight_poll_s: float = 0.005
     """How often a worker waiting for a version asks the hub for `latest`."""
     engine: str = "hf"
-    """Rollout engine (registry `rlsync.rollout.registry.ENGINES`): `hf` (HF generate; tiny models, CPU)."""
+    """Rollout engine (registry `rlsync.rollout.registry.ENGINES`): `hf` (HF generate; tiny models, CPU) or
+    `vllm` (vLLM, model.kind=smollm2; weights through a host staging replica, docs/vllm.md)."""
 
 
 @dataclass(kw_only=True)

@@ -10,6 +10,7 @@ from .registry import (ENGINES, MODEL_LOADERS, build_engine, register_engine, re
 from .rewards import Prompt, get_reward, register_reward
 from .tasks import Task, build_task, get_task, register_task
 from .tokenizer import CharTokenizer
+from . import vllm_rollout  # noqa: F401 - registers rollout.engine=vllm (imports vLLM only when built)
 
 __all__ = [
     "CharTokenizer", "ENGINES", "MODEL_LOADERS", "ModelLoader", "ModelPackageMissingError", "Prompt", "Rollout",

@@ -57,6 +57,12 @@ class SyncStats:
     nbytes: int
     bytes_by_source: dict[str, int] = field(default_factory=dict)
     """Hub worker id -> bytes it served to this update's fetch."""
+    transports: dict[str, str] = field(default_factory=dict)
+    """Hub worker id -> transport used."""
+
+    @property
+    def seconds(self) -> float:  # the FetchResult fields a fetch event reads
+        return self.fetch_s
 
     def metrics(self) -> dict[str, float]:
         return {"sync/fetch_s": self.fetch_s, "sync/apply_s": self.apply_s, "sync/pause_s": self.pause_s,
@@ -117,9 +123,13 @@ class HubWeightStage:
         """Version complete in the staging buffers (None: nothing, or a fetch is overwriting them)."""
         self._staged_fetch_s = 0.0
         self._staged_sources: dict[str, int] = {}
+        self._staged_transports: dict[str, str] = {}
         self._fetch: threading.Thread | None = None
         self._fetch_error: BaseException | None = None
         self._lock = threading.Lock()
+        """Held by apply_staged / update while they use the staging buffers; prefetch skips then."""
+        self._follower: threading.Thread | None = None
+        self._stop = threading.Event()
 
     # ------------------------------------------------------------------ fetch into staging
     def _fetch_into_staging(self, version, on_unit=None):
@@ -129,9 +139,11 @@ class HubWeightStage:
         return res
 
     def prefetch(self, version: int | str = "latest") -> bool:
-        """Start fetching `version` into staging in the background; False if a fetch is running
-        or that version is already staged or applied."""
-        with self._lock:
+        """Start fetching `version` into staging in the background; False if a fetch is running,
+        an apply is reading the staging buffers, or that version is already staged or applied."""
+        if not self._lock.acquire(blocking=False):
+            return False  # apply_staged / update is reading or writing the staging buffers
+        try:
             if self._fetch is not None and self._fetch.is_alive():
                 return False
             if isinstance(version, int) and version in (self.staged_version, self.engine.version):
@@ -142,6 +154,7 @@ class HubWeightStage:
                 try:
                     res = self._fetch_into_staging(version)
                     self._staged_fetch_s, self._staged_sources = res.seconds, dict(res.bytes_by_source)
+                    self._staged_transports = dict(res.transports)
                     self.staged_version = res.version
                 except BaseException as e:  # noqa: BLE001 - surfaced by wait_staged / apply_staged
                     self._fetch_error = e
@@ -150,6 +163,24 @@ class HubWeightStage:
             self._fetch = threading.Thread(target=run, name="rlsync-vllm-prefetch", daemon=True)
             self._fetch.start()
             return True
+        finally:
+            self._lock.release()
+
+    def follow(self, poll_s: float = 0.05) -> None:
+        """Prefetch every new version as soon as it commits (a daemon thread asking the hub for
+        `latest` every `poll_s`), so the fetch overlaps generation and an update pauses only to apply."""
+        if self._follower is not None:
+            return
+
+        def loop():
+            while not self._stop.wait(poll_s):
+                try:
+                    self.poll()
+                except Exception as e:  # noqa: BLE001 - the next poll retries; updates surface errors
+                    log.debug("follow: %s", e)
+
+        self._follower = threading.Thread(target=loop, name="rlsync-vllm-follow", daemon=True)
+        self._follower.start()
 
     def poll(self) -> bool:
         """Prefetch the hub's latest version when it is newer than what is staged or applied."""
@@ -176,6 +207,10 @@ class HubWeightStage:
     def apply_staged(self) -> SyncStats | None:
         """Apply the staged version into the engine (waits for the batch in flight); None if nothing
         newer than the engine's version is staged or a fetch is still writing the buffers."""
+        with self._lock:
+            return self._apply_staged()
+
+    def _apply_staged(self) -> SyncStats | None:
         if self._fetch is not None and self._fetch.is_alive():
             return None
         v = self.staged_version
@@ -192,7 +227,8 @@ class HubWeightStage:
         pause_s = time.monotonic() - t0
         self._after_apply(v)
         return SyncStats(version=v, fetch_s=self._staged_fetch_s, apply_s=apply_s, pause_s=pause_s,
-                         nbytes=self._manifest.nbytes, bytes_by_source=self._staged_sources)
+                         nbytes=self._manifest.nbytes, bytes_by_source=self._staged_sources,
+                         transports=self._staged_transports)
 
     def update(self, version: int | str = "latest", *, pipelined: bool = False) -> SyncStats:
         """Fetch `version` and apply it now; the engine does not generate meanwhile (a joining
@@ -205,6 +241,10 @@ class HubWeightStage:
         first update of a stage is never pipelined (that fetch allocates the staging buffers).
         """
         self.wait_staged()
+        with self._lock:
+            return self._update(version, pipelined)
+
+    def _update(self, version, pipelined: bool) -> SyncStats:
         if version == "latest":
             version = self.hub.latest(self.model)
             if version is None:
@@ -213,8 +253,9 @@ class HubWeightStage:
             t0 = time.monotonic()
             res = self._fetch_into_staging(version)
             self._staged_fetch_s, self._staged_sources = res.seconds, dict(res.bytes_by_source)
+            self._staged_transports = dict(res.transports)
             self.staged_version = res.version
-            stats = self.apply_staged()
+            stats = self._apply_staged()
             if stats is None:  # the engine already holds this version
                 return SyncStats(version=res.version, fetch_s=res.seconds, apply_s=0.0, pause_s=0.0, nbytes=0)
             stats.pause_s = time.monotonic() - t0
@@ -284,7 +325,10 @@ class HubWeightStage:
             self.staged_version = None
 
     def close(self) -> None:
-        """Wait for a background fetch; the caller leaves the hub."""
+        """Stop following and wait for a background fetch; the caller leaves the hub."""
+        self._stop.set()
+        if self._follower is not None:
+            self._follower.join()
         t = self._fetch
         if t is not None:
             t.join()

@@ -123,6 +123,9 @@ class StepMetrics:
     """worker_id -> (role, pool)."""
     sync: SyncStats = field(default_factory=SyncStats)
     hub: HubStats | None = None
+    engine_updates: dict[str, float] = field(default_factory=dict)
+    """Σ fetch_s / apply_s / pause_s of `engine_update` events in the window (engines that stage
+    and apply, e.g. vLLM); empty when there were none."""
 
     @classmethod
     def compute(
@@ -144,12 +147,19 @@ class StepMetrics:
         per_worker = {w: summarize(rs, window_start_ns, window_end_ns) for w, rs in by_worker.items()}
         if sync is None:
             sync = SyncStats.from_events(records, window_start_ns, window_end_ns)
+        updates: dict[str, float] = {}
+        for r in records:
+            if isinstance(r, Event) and r.name == "engine_update" and window_start_ns <= r.ts_ns < window_end_ns:
+                for k in ("fetch_s", "apply_s", "pause_s"):
+                    updates[f"sync/{k}"] = updates.get(f"sync/{k}", 0.0) + float(r.attrs.get(k, 0.0))
+                updates["sync/engine_updates"] = updates.get("sync/engine_updates", 0.0) + 1
         return cls(
             window_s=(window_end_ns - window_start_ns) / 1e9,
             per_worker=per_worker,
             worker_info=info,
             sync=sync,
             hub=hub,
+            engine_updates=updates,
         )
 
     def _ratio_parts(self, select) -> tuple[float, float, int]:
@@ -188,6 +198,7 @@ class StepMetrics:
         out["sync/seconds"] = self.sync.seconds
         out["sync/gbps"] = self.sync.gbps
         out["sync/fetches"] = self.sync.fetches
+        out.update(self.engine_updates)
         if self.hub is not None:
             out["hub/replicas"] = self.hub.replicas
             out["hub/retained_versions"] = self.hub.retained_versions

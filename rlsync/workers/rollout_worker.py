@@ -46,6 +46,11 @@ class RolloutWorker:
                                    model_cfg=cfg.model)
         self.engine.version = -1  # nothing fetched yet: the random init is not a version
         self.hub = _hub_client(cfg, hub_address, hub_token, cfg.pools[pool].location, self.worker_id)
+        # Engines that stage and apply (vLLM: the hub cannot fetch into its repacked parameters) get the
+        # hub client; their updates are fetch-into-staging + in-place apply (docs/vllm.md).
+        self.staged = getattr(self.engine, "stages_weights", False)
+        if self.staged:
+            self.engine.attach_hub(self.hub, cfg.hub.model_name)
 
     def ready(self) -> str:
         return self.worker_id
@@ -68,6 +73,11 @@ class RolloutWorker:
 
     def _record_fetch(self, got, **extra) -> None:
         self.engine.version = got.version
+        if self.staged:  # a SyncStats: the engine's fetch, apply and pause (sync/fetch_s, apply_s, pause_s)
+            self.clock.event("engine_update", version=got.version, fetch_s=got.fetch_s, apply_s=got.apply_s,
+                             pause_s=got.pause_s)
+            if not got.bytes_by_source:
+                return  # applied a version already fetched and recorded
         ev = FetchEvent.from_result(got, wid=self.hub.worker_id, dc=self.hub.location.dc, **extra)
         self.clock.event(FetchEvent.NAME, **ev.attrs())
 
@@ -102,6 +112,8 @@ class RolloutWorker:
         for attempt in range(attempts):
             try:
                 with self.clock.state("loading_weights"):
+                    if self.staged:
+                        return self.engine.update_latest()
                     self._release_held(name)
                     return self.hub.fetch(name, "latest", into=self.engine.named_parameters_for_sync())
             except (E.VersionLostError, E.VersionNotRetainedError, E.TransferError) as e:
@@ -132,7 +144,14 @@ class RolloutWorker:
         Returns one trainer `Batch` per prompt group (data, never weights) and the version they came from.
         """
         g = self.cfg.rollout.group_size
+        if self.staged:
+            with self.clock.state("loading_weights"):
+                staged = self.engine.apply_staged()      # a prefetched newer version: the only pause
+            if staged is not None:
+                self._record_fetch(staged)
         self._ensure_weights(min_version)
+        if self.staged:
+            self.engine.prefetch_latest()                # fetch what is newer while this batch generates
         t0 = time.perf_counter()
         with self.clock.state("generating"):
             out = self.engine.generate([p.prompt_ids for p in prompts for _ in range(g)])
@@ -149,5 +168,7 @@ class RolloutWorker:
 
     def shutdown(self, deadline_s: float = 0.0) -> None:
         """Leave the hub; with `deadline_s` > 0 (a preemption notice) retention hands off what only we hold."""
+        if self.staged:
+            self.engine.close()  # stop prefetching first
         self.hub.leave(deadline_s=deadline_s)
 

@@ -108,6 +108,17 @@ def test_sync_from_fetch_events_is_union_of_spans():
     assert SyncStats().gbps == 0.0
 
 
+def test_engine_updates_sum_fetch_apply_pause_in_the_window():
+    # engines that stage and apply (vLLM) record one engine_update per version
+    up = lambda ts, f, a, p: Event("r0", "rollout", "main", "engine_update", int(ts * S),  # noqa: E731
+                                   {"version": 1, "fetch_s": f, "apply_s": a, "pause_s": p})
+    recs = [up(0.5, 0.2, 0.3, 0.35), up(1.5, 0.1, 0.4, 0.45), up(5.0, 9.0, 9.0, 9.0)]
+    m = StepMetrics.compute(recs, 0, 2 * S).to_dict()
+    assert m["sync/fetch_s"] == pytest.approx(0.3) and m["sync/apply_s"] == pytest.approx(0.7)
+    assert m["sync/pause_s"] == pytest.approx(0.8) and m["sync/engine_updates"] == 2
+    assert "sync/pause_s" not in StepMetrics.compute([], 0, S).to_dict()  # hf engines: no such keys
+
+
 def test_explicit_sync_and_hub_stats():
     m = StepMetrics.compute([], 0, S, sync=SyncStats(bytes=4 * 10**9, seconds=2.0),
                             hub=HubStats(replicas=5, retained_versions=2)).to_dict()

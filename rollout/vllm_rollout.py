@@ -1,0 +1,95 @@
+"""`rollout.engine=vllm`: the vLLM engine as the RL loop's rollout worker drives it.
+
+    engine = build_engine("vllm", sampling, None, pad_token_id=2, eos_token_id=2, model_cfg=cfg.model)
+    engine.attach_hub(hub, "policy")          # the worker's joined HubClient
+    engine.apply_staged()                     # between calls: a prefetched newer version (the only pause)
+    engine.update_latest()                    # when the staleness bound needs a newer version now
+    engine.prefetch_latest()                  # before generating: fetch what is newer in the background
+    out = engine.generate(prompt_ids)         # a Rollout tagged with out.version
+
+Unlike the `hf` engine the hub cannot fetch into vLLM's parameters (the CPU backend repacks them),
+so weights go through the `HubWeightStage` (docs/vllm.md); `named_parameters_for_sync` refuses.
+The engine loads its own copy of the model (`model_dir`, default SmolLM2 prepared by
+`rollout.model_dir`); the loader's model, if any, is not used. Each update returns a
+`SyncStats` (fetch_s, apply_s, pause_s) the worker records as an `engine_update` event.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from .registry import register_engine
+from .vllm_engine import VllmEngine
+from .vllm_sync import HubWeightStage, SyncStats
+
+log = logging.getLogger(__name__)
+
+
+class HubFedVllmEngine:
+    stages_weights = True
+    """Marks an engine whose weights arrive through `attach_hub` / `update_latest`, not `fetch(into=...)`."""
+
+    def __init__(self, engine: VllmEngine):
+        self.engine = engine
+        self.stage: HubWeightStage | None = None
+
+    @property
+    def version(self) -> int:
+        return self.engine.version
+
+    @version.setter
+    def version(self, v: int) -> None:
+        self.engine.set_version(v)
+
+    def attach_hub(self, hub, model: str, follow_s: float = 0.05) -> None:
+        """Take weights from `hub` (joined); prefetch each new version as it commits."""
+        self.stage = HubWeightStage(hub, self.engine, model)
+        self.stage.follow(follow_s)
+
+    def generate(self, prompts):
+        return self.engine.generate(prompts)
+
+    def named_parameters_for_sync(self):
+        raise TypeError("the vllm engine takes weights through attach_hub/update_latest (vLLM repacks its "
+                        "parameters: the hub cannot fetch into them)")
+
+    def apply_staged(self) -> SyncStats | None:
+        """Apply a prefetched newer version, if one is complete in staging."""
+        return self.stage.apply_staged()
+
+    def prefetch_latest(self) -> bool:
+        """Start fetching the hub's latest into staging when it is newer than what the engine holds."""
+        return self.stage.poll()
+
+    def update_latest(self) -> SyncStats:
+        """The newest version now: wait for a prefetch in flight and apply it if it is the latest,
+        else fetch and apply `latest`. `pause_s` counts all of it (waiting for the prefetch too)."""
+        t0 = time.monotonic()
+        staged = self.stage.wait_staged()
+        latest = self.stage.hub.latest(self.stage.model)
+        got = None
+        if staged is not None and latest is not None and staged >= latest:
+            got = self.stage.apply_staged()
+        if got is None:
+            got = self.stage.update("latest")
+        got.pause_s = time.monotonic() - t0
+        return got
+
+    def close(self) -> None:
+        if self.stage is not None:
+            self.stage.close()
+
+
+@register_engine("vllm")
+def build_vllm_engine(sampling: Any, model: Any, *, pad_token_id: int, eos_token_id: int,
+                      model_cfg: Any = None) -> HubFedVllmEngine:
+    """A vLLM engine with the pool's sampling config (`RolloutEngine.Config` fields)."""
+    kind = getattr(model_cfg, "kind", "smollm2")
+    if kind != "smollm2":
+        raise ValueError(f"rollout.engine=vllm serves a real model from a directory: model.kind=smollm2 "
+                         f"(got {kind!r}; tiny random-init models use rollout.engine=hf)")
+    cfg = VllmEngine.Config(temperature=sampling.temperature, top_p=sampling.top_p,
+                            top_k=sampling.top_k, max_new_tokens=sampling.max_new_tokens,
+                            do_sample=sampling.do_sample)
+    return HubFedVllmEngine(VllmEngine(cfg, eos_token_id=eos_token_id, pad_token_id=pad_token_id))
