@@ -329,6 +329,7 @@ class HubWeightStage:
         self._stop.set()
         if self._follower is not None:
             self._follower.join()
+        self._follower, self._stop = None, threading.Event()
         t = self._fetch
         if t is not None:
             t.join()

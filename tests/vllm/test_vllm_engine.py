@@ -152,3 +152,22 @@ def test_staging_replica_serves_a_joining_peer(rig):
         peer.leave()
     rig.trainer.publish("policy", v + 1, rig.params)   # leave the rig with a live trainer version
     rig.version = v + 1
+
+
+def test_follow_prefetches_each_new_version_while_generating(rig):
+    """With `follow`, a committed version lands in staging without anyone asking, while the engine
+    keeps generating the old one; applying it then pauses only for the apply."""
+    import time
+
+    rig.stage.follow(poll_s=0.02)
+    try:
+        v = rig.publish(seed=11)
+        deadline = time.monotonic() + 120
+        while rig.stage.staged_version != v and time.monotonic() < deadline:
+            assert rig.engine.generate(rig.prompts[:1]).version < v   # still the old version
+        assert rig.stage.staged_version == v
+        stats = rig.stage.apply_staged()
+        assert stats.version == v == rig.engine.version and stats.fetch_s > 0
+        assert stats.pause_s < stats.apply_s + 1.0   # the fetch is not in the pause
+    finally:
+        rig.stage.close()
