@@ -76,3 +76,21 @@ class RolloutResult:
     """One trainer `Batch` per prompt group."""
     generate_s: float = 0.0
     """Seconds spent generating and scoring."""
+
+
+@dataclass(kw_only=True)
+class JoinResult:
+    """What a rollout worker joining a running job reports: who it is in the hub and what its first fetch read."""
+
+    worker: str
+    """The worker key (`pool-i`)."""
+    wid: str
+    """Its hub worker id (the driver's map of fetch sources)."""
+    pool: str
+    """Its pool."""
+    dc: str
+    """The DC label it joined the hub with."""
+    version: int
+    """The version it holds after joining (-1: nothing published yet)."""
+    bytes_by_source: dict[str, int] = field(default_factory=dict)
+    """Hub worker id -> bytes its first fetch read from it (empty when nothing was fetched)."""

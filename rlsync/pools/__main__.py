@@ -64,15 +64,15 @@ def cmd_join(a, job: dict) -> int:
     infos = []
     try:
         for info in ray.get(list(refs), timeout=a.timeout):
-            srcs = ", ".join(f"{w} {n / 1e6:.2f} MB" for w, n in info["bytes_by_source"].items()) or "nothing yet"
-            print(f"  {info['worker']}: hub worker {info['wid']}, fetched v{info['version']} from {srcs}", flush=True)
+            srcs = ", ".join(f"{w} {n / 1e6:.2f} MB" for w, n in info.bytes_by_source.items()) or "nothing yet"
+            print(f"  {info.worker}: hub worker {info.wid}, fetched v{info.version} from {srcs}", flush=True)
             infos.append(info)
     except Exception as e:
         for h in group.members.values():
             ray.kill(h, no_restart=True)
         raise SystemExit(f"workers failed to join: {e}") from e
     loc = {"dc": a.dc, "rack": a.rack, "host": a.host}
-    ray.get(registry.attach.remote(a.pool, [{"worker": i["worker"], "wid": i["wid"], "dc": i["dc"]} for i in infos],
+    ray.get(registry.attach.remote(a.pool, [{"worker": i.worker, "wid": i.wid, "dc": i.dc} for i in infos],
                                    loc), timeout=30)
     end = time.monotonic() + a.timeout
     while time.monotonic() < end:  # until the driver adopted them

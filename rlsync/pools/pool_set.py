@@ -229,9 +229,9 @@ class PoolSet:
             p = self.pools.get(pool)
             if p is not None and p.state.get(key) == Member.JOINING:
                 p.state[key] = Member.READY
-                self.ledger.places[info["wid"]] = Place(kind="peer", dc=info["dc"], pool=pool)
+                self.ledger.places[info.wid] = Place(kind="peer", dc=info.dc, pool=pool)
                 self.count("events/joined")
-                log.info("%s joined (hub %s, v%s)", key, info["wid"], info["version"])
+                log.info("%s joined (hub %s, v%s)", key, info.wid, info.version)
             return True
         if ref in self._leaving:
             pool, key = self._leaving.pop(ref)

@@ -13,12 +13,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Any
 
 import torch
 
 from rlsync.config import TrainConfig
-from rlsync.core.events import FetchEvent, RolloutResult
+from rlsync.core.events import FetchEvent, JoinResult, RolloutResult
 from rlsync.core.stall import StallClock
 from rlsync.hub import errors as E
 from rlsync.workers.group import hub_client as _hub_client, process_setup as _process_setup, with_telemetry
@@ -81,7 +80,7 @@ class RolloutWorker:
         ev = FetchEvent.from_result(got, wid=self.hub.worker_id, dc=self.hub.location.dc, **extra)
         self.clock.event(FetchEvent.NAME, **ev.attrs())
 
-    def join_run(self) -> dict[str, Any]:
+    def join_run(self) -> JoinResult:
         """Become useful to a running job: fetch `latest` now (the planner prefers peers near this
         worker over the trainer), before the driver hands out work. Before the first publish: no-op.
 
@@ -97,9 +96,8 @@ class RolloutWorker:
             got = self._fetch_latest(name)
             self._record_fetch(got, join=True)
         self.clock.enter("idle")
-        return {"worker": self.worker_id, "wid": self.hub.worker_id, "pool": self.pool,
-                "dc": self.hub.location.dc, "version": self.engine.version,
-                "bytes_by_source": dict(got.bytes_by_source) if got else {}}
+        return JoinResult(worker=self.worker_id, wid=self.hub.worker_id, pool=self.pool, dc=self.hub.location.dc,
+                          version=self.engine.version, bytes_by_source=dict(got.bytes_by_source) if got else {})
 
     def _fetch_latest(self, name: str, attempts: int = 8):
         """Fetch `latest` into the engine's parameters; retry when the version resolved is lost meanwhile.
