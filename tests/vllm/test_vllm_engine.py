@@ -9,14 +9,14 @@ import threading
 import pytest
 import torch
 
-from conftest import logprob_gap
+from vllm_helpers import logprob_gap
 
 pytestmark = pytest.mark.timeout(600)
 
 
 def _with_weights(rig, seed):
     """Put the trainer-side HF model at the weights of the version written with `seed`."""
-    from conftest import new_version
+    from vllm_helpers import new_version
 
     new_version(rig.params, rig.base, seed)
 
