@@ -13,8 +13,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def test_example_two_engines_one_served_by_the_other(tmp_path):
     out = tmp_path / "summary.json"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own Ray, not the session's
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "vllm_weight_transfer.py"),
-                           "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=840)
+                           "--json", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=840)
     assert proc.returncode == 0, proc.stderr[-4000:]
     res = json.loads(out.read_text())
     a_id, b_id = res["A_after_v1"]["worker_id"], res["B_join"]["worker_id"]
