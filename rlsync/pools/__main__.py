@@ -16,7 +16,6 @@ Without `--job`: $RLSYNC_JOB, else the job started last on this machine (~/.cach
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
@@ -24,15 +23,12 @@ from rlsync.hub.logs import setup_logging
 
 
 def _connect(job: dict):
+    from rlsync.pools.attach import use_ray_client_auth
+
+    use_ray_client_auth(job)  # before Ray reads its config: Ray's token auth as the job file says
     import ray
 
     if not ray.is_initialized():
-        # Ray 2.60: the process that started the cluster turned token auth on in its own environment
-        # only; a client connecting from a fresh shell must turn it on too and present the same token.
-        if job.get("ray_auth_mode"):
-            os.environ.setdefault("RAY_AUTH_MODE", job["ray_auth_mode"])
-        if job.get("ray_auth_token"):
-            os.environ.setdefault("RAY_AUTH_TOKEN", job["ray_auth_token"])
         ray.init(address=job["ray_address"], namespace=job["namespace"], log_to_driver=False)
     try:
         return ray.get_actor("registry", namespace=job["namespace"])

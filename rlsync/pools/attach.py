@@ -21,15 +21,67 @@ LAST_JOB = Path(os.path.expanduser("~/.cache/rlsync/last_job"))
 REGISTRY = "registry"
 
 
-def write_job_file(run_dir: Path, info: dict[str, Any]) -> Path:
-    """Atomically write RUN_DIR/job.json readable only by this user (it carries the hub token)."""
-    path = Path(run_dir) / JOB_FILE
+RAY_TOKEN_FILE = "ray_auth_token"
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Atomically write `text` to `path` with mode 0600 (the umask would loosen O_CREAT's mode: chmod too)."""
     tmp = path.with_suffix(".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
-        json.dump(info, f, default=str)
-    os.chmod(tmp, 0o600)  # O_CREAT's mode is filtered by the umask; be explicit
+        f.write(text)
+    os.chmod(tmp, 0o600)
     os.replace(tmp, path)
+
+
+def ray_client_auth(run_dir: Path) -> dict[str, Any]:
+    """What a process in a fresh shell must present to this process's Ray cluster; writes the token file.
+
+    Ray 2.60 (``ray/_private/worker.py``, ``authentication_token_setup.py``): a ``ray.init()`` that starts
+    a local cluster turns token auth on *in its own environment only* (``RAY_AUTH_MODE=token``) and
+    creates ``~/.ray/auth_token`` if missing. A client that connects with an explicit address never
+    turns auth on by itself, so it sends no token and the cluster answers ``InvalidAuthToken``. The
+    client needs ``RAY_AUTH_MODE=token`` and the token (``RAY_AUTH_TOKEN`` or ``RAY_AUTH_TOKEN_PATH``)
+    in its environment before Ray reads its config. The token is copied to ``RUN_DIR/ray_auth_token``
+    (0600), since the one Ray used may sit in another user's home or in an environment variable.
+    """
+    from ray._raylet import AuthenticationMode, AuthenticationTokenLoader, get_authentication_mode
+
+    if get_authentication_mode() != AuthenticationMode.TOKEN:
+        return {"ray_auth_mode": "disabled"}
+    token = AuthenticationTokenLoader.instance().get_raw_token()
+    if not token:  # cannot happen once ray.init() succeeded under token auth; say so if it does
+        raise RuntimeError("Ray token auth is on but this process has no token to hand to clients")
+    path = Path(run_dir) / RAY_TOKEN_FILE
+    _write_private(path, token)
+    return {"ray_auth_mode": "token", "ray_auth_token_file": str(path.resolve())}
+
+
+def use_ray_client_auth(job: dict[str, Any]) -> None:
+    """Set this (client) process up to talk to the job's Ray cluster: its auth mode and token.
+
+    Overrides the shell's RAY_AUTH_* (the job file states what the cluster wants). If Ray's config was
+    already loaded in this process, reload it, as Ray itself does when it turns auth on.
+    """
+    mode = job.get("ray_auth_mode") or "disabled"
+    os.environ["RAY_AUTH_MODE"] = mode
+    if mode == "token":
+        os.environ["RAY_AUTH_TOKEN"] = Path(job["ray_auth_token_file"]).read_text().strip()
+    else:
+        os.environ.pop("RAY_AUTH_TOKEN", None)
+    import sys
+
+    if "ray._raylet" in sys.modules:
+        from ray._raylet import AuthenticationTokenLoader, Config
+
+        Config.initialize("")
+        AuthenticationTokenLoader.instance().reset_cache()
+
+
+def write_job_file(run_dir: Path, info: dict[str, Any]) -> Path:
+    """Atomically write RUN_DIR/job.json readable only by this user (it carries the hub token)."""
+    path = Path(run_dir) / JOB_FILE
+    _write_private(path, json.dumps(info, default=str))
     try:
         LAST_JOB.parent.mkdir(parents=True, exist_ok=True)
         LAST_JOB.write_text(str(path.resolve()))
@@ -38,12 +90,10 @@ def write_job_file(run_dir: Path, info: dict[str, Any]) -> Path:
     return path
 
 
-def ray_auth_token() -> str | None:
-    """The Ray token this process uses (Ray 2.60's token auth): a CLI started elsewhere presents the same."""
-    if os.environ.get("RAY_AUTH_TOKEN"):
-        return os.environ["RAY_AUTH_TOKEN"]
-    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
-    return path.read_text().strip() if path.exists() else None
+def remove_job_files(run_dir: Path) -> None:
+    """The job ended: remove its job file and the Ray token copy."""
+    for name in (JOB_FILE, RAY_TOKEN_FILE):
+        (Path(run_dir) / name).unlink(missing_ok=True)
 
 
 def read_job_file(job: str | os.PathLike | None) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from typing import Any, Iterator
 import ray
 
 from rlsync.config import PoolConfig, TrainConfig, as_dict
-from rlsync.pools.attach import REGISTRY, PoolRegistry, ray_auth_token, write_job_file
+from rlsync.pools.attach import REGISTRY, PoolRegistry, ray_client_auth, remove_job_files, write_job_file
 from rlsync.pools.policies import POOL_POLICIES, PoolPolicy
 from rlsync.telemetry.sync_sources import Place, SourceLedger
 from rlsync.workers.group import WorkerGroup
@@ -144,8 +144,7 @@ class PoolSet:
     def write_job_file(self) -> Path:
         info = {"ray_address": ray.get_runtime_context().gcs_address, "namespace": self.namespace,
                 "hub_address": self.addr, "hub_token": self.tok, "model": self.cfg.hub.model_name,
-                "run_dir": str(self.run_dir.resolve()), "driver_pid": os.getpid(), "ray_auth_mode": os.environ.get("RAY_AUTH_MODE"),
-                "ray_auth_token": ray_auth_token(),
+                "run_dir": str(self.run_dir.resolve()), "driver_pid": os.getpid(), **ray_client_auth(self.run_dir),
                 "config": json.loads(json.dumps(as_dict(self.cfg), default=str))}
         self.job_file = write_job_file(self.run_dir, info)
         return self.job_file
@@ -355,4 +354,4 @@ class PoolSet:
             ray.kill(self.registry, no_restart=True)
             self.registry = None
         if self.job_file is not None:
-            self.job_file.unlink(missing_ok=True)
+            remove_job_files(self.run_dir)
