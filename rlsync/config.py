@@ -223,6 +223,12 @@ class TrainConfig:
     """Metrics destinations (JSONL always; wandb offline by default). run_dir is set by the driver."""
     inject: InjectConfig = field(default_factory=InjectConfig)
     """Injected delays (tests)."""
+    plugins: list[str] = field(default_factory=list)
+    """Your own modules, imported in the driver and in every worker before anything is built: they register
+    tasks, rewards, losses, advantage estimators (docs/extending.md). E.g. `plugins=[my_task]`."""
+    plugin_path: list[str] = field(default_factory=list)
+    """Directories put first on sys.path (driver and workers) before importing `plugins`; empty: the
+    directory `python -m rlsync.train` was started in (made absolute when the config is composed)."""
 
 
 def recipe_files() -> dict[str, Path]:
@@ -254,17 +260,34 @@ def to_config(cfg: Any) -> TrainConfig:
 
     obj = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), cfg))
     assert isinstance(obj, TrainConfig)
-    return check_config(obj)
+    return check_config(with_plugins(obj))
+
+
+def with_plugins(cfg: TrainConfig) -> TrainConfig:
+    """Resolve `plugin_path` to absolute directories (default: the working directory) and import `plugins`
+    here, so the registries check their names; workers import them again from the same paths."""
+    import os
+
+    from rlsync.core.plugins import PluginError, load_plugins
+
+    if cfg.plugins:
+        cfg.plugin_path = [os.path.abspath(d) for d in (cfg.plugin_path or [os.getcwd()])]
+        try:
+            load_plugins(cfg.plugins, cfg.plugin_path)
+        except PluginError as e:
+            raise ConfigError(str(e)) from None
+    return cfg
 
 
 def unknown_override(override: str) -> str | None:
     """Why a command-line override `a.b.c=v` names no field of the schema (with the valid keys there), or None.
 
-    Hydra refuses such a key too, but without the choices; this says them. `+`/`~` overrides, Hydra's
-    own keys and keys under a mapping (`pools.<name>`, `task.args`) are left to Hydra.
+    Hydra refuses such a key too, but without the choices; this says them. `+a.b=v` is checked the same
+    way (Hydra would add the key and the run would ignore it). `+recipe=`, `~` overrides, Hydra's own
+    keys and keys under a mapping (`pools.<name>`, `task.args`) are left to Hydra and `check_config`.
     """
-    key = override.split("=", 1)[0]
-    if "=" not in override or key.startswith(("+", "~", "hydra")):
+    key = override.split("=", 1)[0].lstrip("+")  # `+key=`/`++key=` add a key: it must be in the schema too
+    if "=" not in override or key.startswith(("~", "hydra")) or key == "recipe":
         return None
     node: Any = TrainConfig
     path = []
@@ -337,6 +360,9 @@ def check_config(cfg: TrainConfig) -> TrainConfig:
     _check_args("trainer.algo.policy_loss_args", POLICY_LOSSES.get(a.policy_loss).Config, a.policy_loss_args)
     _check_args("trainer.algo.value_loss_args", VALUE_LOSSES.get("clipped").Config, a.value_loss_args)
     _check_args("task.args", TASKS.get(cfg.task.name).Config, cfg.task.args)
+    from rlsync.config_rules import check_values
+
+    check_values(cfg)  # ranges and rules across fields (rlsync/config_rules.py)
     return cfg
 
 

@@ -34,6 +34,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import shutil
+import tempfile
 import threading
 import time
 from collections import defaultdict
@@ -43,7 +45,7 @@ from typing import Any
 import ray
 import torch
 
-from rlsync.config import TrainConfig, as_dict
+from rlsync.config import TrainConfig, as_dict, check_config, with_plugins
 from rlsync.core.stall import now_ns
 from rlsync.driver.audit import PayloadAudit
 from rlsync.driver.checkpoint import CheckpointStore
@@ -74,7 +76,9 @@ def _first_line(e: BaseException) -> str:
 class Driver:
     def __init__(self, cfg: TrainConfig, run_dir: str | os.PathLike):
         # Workers read the run dir from their config (their log files go under it).
-        self.cfg = cfg if cfg.run_dir else dataclasses.replace(cfg, run_dir=str(run_dir))
+        # Absolute: workers run in other directories.
+        run_dir = Path(cfg.run_dir or run_dir).resolve()
+        self.cfg = check_config(with_plugins(dataclasses.replace(cfg, run_dir=str(run_dir))))
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.bound = StalenessBound(cfg.rollout.max_staleness)
@@ -82,23 +86,10 @@ class Driver:
         r = cfg.rollout
         self.ppr = r.prompts_per_request or max(1, -(-r.prompts_per_step // max(1, self.n_rollout)))
         self._stop_requested = threading.Event()
-        self._validate()
 
     def stop(self) -> None:
         """Ask a running `run()` to end after the step in progress (thread-safe); it then shuts down as usual."""
         self._stop_requested.set()
-
-    def _validate(self) -> None:
-        c = self.cfg
-        if c.rollout.prompts_per_step % c.trainer.world_size and not c.trainer.elastic.enabled:
-            raise ValueError(f"rollout.prompts_per_step={c.rollout.prompts_per_step} must be a multiple of "
-                             f"trainer.world_size={c.trainer.world_size} (ranks take whole prompt groups)")
-        if self.n_rollout < 1:
-            raise ValueError("no rollout workers: give pools.<name>.size >= 1")
-        for name, p in c.pools.items():
-            if p.engine.temperature != c.trainer.algo.temperature:
-                raise ValueError(f"pools.{name}.engine.temperature={p.engine.temperature} differs from "
-                                 f"trainer.algo.temperature={c.trainer.algo.temperature}: log-probs would not match")
 
     # ------------------------------------------------------------------------------------ set-up
     def _start(self) -> None:
@@ -113,7 +104,10 @@ class Driver:
                 ray.init(num_cpus=c.ray.num_cpus, **kw)
         # A fresh journal per run: a resumed run re-publishes its checkpoint's version, which an old
         # journal (committed versions past it) would refuse as not increasing.
-        self.hub = start_embedded_hub(host=c.hub.host, config=c.hub.server)
+        # The journal in a temp dir of the driver's own, removed in _stop (also after Ctrl-C).
+        self._hub_tmp = tempfile.mkdtemp(prefix="rlsync-hub-")
+        self.hub = start_embedded_hub(host=c.hub.host, config=c.hub.server,
+                                      journal=os.path.join(self._hub_tmp, "journal.db"))
         addr, tok = self.hub.address, self.hub.token
         ckpt = CheckpointStore(self.run_dir / "checkpoints", keep=c.checkpoint.keep)
         self.trainers = TrainerGroup(c, addr, tok, self.run_dir,
@@ -135,6 +129,8 @@ class Driver:
             self._stats_client.close()
         if getattr(self, "hub", None) is not None:
             self.hub.stop()
+        if getattr(self, "_hub_tmp", None) is not None:
+            shutil.rmtree(self._hub_tmp, ignore_errors=True)
 
     def _trainer_call(self, method: str, *args_per_rank) -> list:
         try:
@@ -162,7 +158,8 @@ class Driver:
         _, self.task = build_policy(c, tokenizer_only=True)
         ckpt = CheckpointStore(self.run_dir / "checkpoints", keep=c.checkpoint.keep)
         resumed = ckpt.resolve(c.resume)
-        logger = make_logger(dataclasses.replace(c.logging, run_dir=str(self.run_dir)), run_config=as_dict(c))
+        logger = make_logger(dataclasses.replace(c.logging, run_dir=str(self.run_dir)), run_config=as_dict(c),
+                             resume=resumed is not None)
         trace = TraceWriter(self.run_dir / "trace.json")
         self.totals = defaultdict(float)
         try:

@@ -31,8 +31,11 @@ WORKER_ENV = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM
 def process_setup(cfg: TrainConfig, name: str = "") -> None:
     """What every worker process does first: environment, logging (chatter to `<run dir>/logs/<name>.log`,
     not the driver's console), intra-op threads."""
+    from rlsync.core.plugins import load_plugins
+
     os.environ.update(WORKER_ENV)
     setup_logging()
+    load_plugins(cfg.plugins, cfg.plugin_path)  # the user's registrations, before anything is built
     if not getattr(process_setup, "_done", False):
         process_setup._done = True
         log_file = os.path.join(cfg.run_dir, "logs", f"{name or os.getpid()}.log") if cfg.run_dir else None

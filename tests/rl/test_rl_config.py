@@ -126,11 +126,58 @@ def test_enum_choices_and_unknown_keys_are_refused_with_the_choices():
     assert unknown_override("trainer.algo.optimizer.lr=1") is None and unknown_override("pools.x.size=1") is None
 
 
+@pytest.mark.parametrize("overrides, named", [
+    # ranges
+    (["steps=0"], "steps=0: must be >= 1"),
+    (["steps=-1"], "steps=-1: must be >= 1"),
+    (["trainer.zero_stage=4"], "trainer.zero_stage=4: must be in 0..3"),
+    (["trainer.world_size=0"], "trainer.world_size=0: must be >= 1"),
+    (["rollout.prompts_per_step=0"], "rollout.prompts_per_step=0: must be >= 1"),
+    (["rollout.group_size=0"], "rollout.group_size=0: must be >= 1"),
+    (["pools.main.size=-1"], "pools.main.size=-1: must be >= 0"),
+    (["trainer.algo.optimizer.lr=0"], "trainer.algo.optimizer.lr=0.0: must be > 0"),
+    (["pools.main.engine.top_p=1.5"], "pools.main.engine.top_p=1.5: must be > 0 and <= 1"),
+    (["rollout.max_staleness=-1"], "rollout.max_staleness=-1: must be >= 0"),
+    # rules across fields
+    (["rollout.prompts_per_step=30", "trainer.world_size=4"],
+     "rollout.prompts_per_step=30: must be a multiple of trainer.world_size=4"),
+    (["rollout.group_size=1"], "rollout.group_size=1: must be >= 2 with trainer.algo.adv_est=grpo"),
+    (["pools.main.size=0"], "pools: main.size=0: at least one rollout worker is needed"),
+    (["pools.main.engine.temperature=0.5"], "pools.main.engine.temperature=0.5: must equal trainer.algo.temperature=1.0"),
+    (["resume=/nonexistent/ckpt"], "resume=/nonexistent/ckpt: must be auto, never or a checkpoint directory"),
+])
+def test_a_value_out_of_range_or_breaking_a_cross_field_rule_is_refused_naming_key_value_and_rule(overrides, named):
+    from rlsync.config import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        to_config(_compose("+recipe=grpo_standalone", *overrides))
+    assert str(e.value).startswith(named) and "\n" not in str(e.value), str(e.value)
+
+
+def test_adding_a_key_the_schema_does_not_have_is_refused_but_mappings_and_recipes_are_not():
+    from rlsync.config import unknown_override
+
+    assert unknown_override("+trainer.lrr=1").startswith("unknown config key 'trainer.lrr': trainer has algo,")
+    assert unknown_override("++steps2=1").startswith("unknown config key 'steps2': the top level has")
+    for fine in ("+recipe=grpo_standalone", "+pools.far.size=1", "+task.args.max_operand=9", "+trainer.algo.policy_loss_args.clip_eps=0.3"):
+        assert unknown_override(fine) is None, fine
+
+
+def test_the_defaults_and_every_recipe_pass_the_value_rules():
+    from rlsync.config import check_config
+
+    check_config(TrainConfig())
+    for recipe in RECIPES:
+        check_config(to_config(_compose(f"+recipe={recipe}")))
+
+
+@pytest.mark.timeout(300)  # 4 interpreter starts: ~5 s each idle, ~8-20 s each at load 80
 def test_a_typo_fails_in_seconds_before_ray_starts_naming_the_key(tmp_path):
     import subprocess
     import sys
 
-    for override, named in [("trainer.lrr=1", "trainer.lrr"), ("trainer.backend=jax", "trainer.backend")]:
+    for override, named in [("trainer.lrr=1", "trainer.lrr"), ("+trainer.lrr=1", "trainer.lrr"),
+                            ("trainer.backend=jax", "trainer.backend"), ("steps=0", "steps=0")]:
         p = subprocess.run([sys.executable, "-m", "rlsync.train", "+recipe=grpo_standalone", override,
                             f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
         assert p.returncode != 0 and named in p.stderr, p.stderr[-2000:]
