@@ -11,6 +11,7 @@ The configs ship inside the package (`rlsync.configs`), so this works from any d
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 
 import hydra
@@ -22,6 +23,10 @@ from rlsync.hub.logs import quiet_console
 
 log = logging.getLogger("rlsync.train")
 register_configs()
+
+def _interrupt(signum, _frame) -> None:
+    raise KeyboardInterrupt
+
 
 @hydra.main(config_path="pkg://rlsync.configs", config_name="train", version_base=None)
 def main(dcfg: DictConfig) -> None:
@@ -35,7 +40,12 @@ def main(dcfg: DictConfig) -> None:
     except (ConfigError, UnknownNameError) as e:  # before Ray starts: the key and the valid choices
         sys.exit(f"error: {e}")
     run_dir = cfg.run_dir or HydraConfig.get().runtime.output_dir
-    summary = Driver(cfg, run_dir).run()
+    signal.signal(signal.SIGTERM, _interrupt)  # like Ctrl-C: the driver's clean-up runs
+    try:
+        summary = Driver(cfg, run_dir).run()
+    except KeyboardInterrupt:
+        log.warning("interrupted: workers, hub and temp dirs cleaned up; run dir %s (resume=auto continues)", run_dir)
+        sys.exit(130)
     log.info("done: %s; run dir %s", {k: round(v, 4) for k, v in summary.items()}, run_dir)
 
 

@@ -22,6 +22,7 @@ import json
 import logging
 import math
 import os
+import secrets
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -231,14 +232,24 @@ class WandbLogger:
         tags: list[str] = field(default_factory=list)
         """Run tags."""
 
+    RUN_ID_FILE = "wandb_run_id"
+    """In the run dir: the wandb run's id, so that a resumed run (`resume=auto`) logs to the same wandb run."""
+
     def __init__(self, config: "WandbLogger.Config", run_dir: str | os.PathLike,
-                 run_config: Mapping[str, Any] | None = None) -> None:
+                 run_config: Mapping[str, Any] | None = None, *, resume: bool = False) -> None:
         import wandb  # imported here: a run without wandb never pays its import
 
         self.mode = config.mode or os.environ.get("WANDB_MODE") or "offline"
         run_dir = Path(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
+        id_file = run_dir / self.RUN_ID_FILE
+        run_id = id_file.read_text().strip() if resume and id_file.exists() else None
+        if run_id is None:
+            run_id = secrets.token_hex(4)  # wandb's own form: 8 lowercase alphanumerics
+            id_file.write_text(run_id)
         self.run = wandb.init(
+            id=run_id,
+            resume="allow",
             project=config.project,
             entity=config.entity,
             name=config.name,
@@ -287,8 +298,10 @@ class LoggingConfig:
     """wandb backend; offline by default."""
 
 
-def make_logger(cfg: LoggingConfig | Mapping[str, Any], run_config: Mapping[str, Any] | None = None) -> MetricLogger:
-    """The run's logger from its config (a `LoggingConfig` or a mapping of the same fields)."""
+def make_logger(cfg: LoggingConfig | Mapping[str, Any], run_config: Mapping[str, Any] | None = None, *,
+                resume: bool = False) -> MetricLogger:
+    """The run's logger from its config (a `LoggingConfig` or a mapping of the same fields); `resume`: a run
+    continued from a checkpoint, which logs to the same wandb run as before."""
     if not isinstance(cfg, LoggingConfig):
         cfg = dict(cfg)
         wb = cfg.pop("wandb", {}) or {}
@@ -296,5 +309,5 @@ def make_logger(cfg: LoggingConfig | Mapping[str, Any], run_config: Mapping[str,
     mode = cfg.wandb.mode or os.environ.get("WANDB_MODE") or "offline"
     loggers: list[MetricLogger] = [JsonlLogger(cfg.run_dir) if cfg.jsonl else NullLogger()]
     if cfg.wandb.enabled and mode != "disabled":
-        loggers.append(WandbLogger(cfg.wandb, cfg.run_dir, run_config))
+        loggers.append(WandbLogger(cfg.wandb, cfg.run_dir, run_config, resume=resume))
     return MultiLogger(loggers)

@@ -102,6 +102,19 @@ def test_wandb_offline_run_writes_its_files(tmp_path, monkeypatch):
     assert spec[0]["panels"][0]["keys"] == list(STALL_CAUSE_KEYS)
 
 
+@pytest.mark.timeout(120)
+def test_a_resumed_run_logs_to_the_same_wandb_run_and_a_fresh_one_does_not(tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    ids = []
+    for resume in (False, True, False):
+        lg = make_logger(LoggingConfig(run_dir=str(tmp_path)), resume=resume)
+        ids.append([x for x in lg.loggers if isinstance(x, WandbLogger)][0].run.id)
+        lg.close()
+    assert ids[1] == ids[0] and ids[2] != ids[0], ids
+    assert (tmp_path / WandbLogger.RUN_ID_FILE).read_text() == ids[2]
+
+
 def test_dashboard_covers_the_issue_panels():
     titles = [p.title for s in STALL_DASHBOARD for p in s.panels]
     for want in ("Stall per step by cause", "Idle ratio", "Sync GB/s", "Workers per pool"):
