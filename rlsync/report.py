@@ -64,25 +64,70 @@ def _save(fig: plt.Figure, path: Path) -> Path:
     return path
 
 
+CAUSE_NAMES = {
+    "wait_weights": "waiting for the next version",
+    "load_weights": "transferring + applying weights",
+    "wait_data": "waiting for samples",
+    "wait_release": "releasing weights (readers draining)",
+    "offload": "offloading (retention)",
+    "idle": "idle / paused",
+}
+"""What each stall cause is, in words: `rollout_wait_weights` is mostly the trainer not having published
+the version the staleness bound requires yet, not a slow transfer (that is `load_weights`)."""
+
+MAX_BARS = 100
+"""The stall chart bins steps so that it never draws more bars than this: readable at any run length."""
+
+HOW_TO_READ = {
+    "Stall per step by cause": "Each bar is the mean stall per step over a bin of steps (bin size in the title), "
+                               "stacked by cause; the higher the bar, the more worker-seconds per step went unused.",
+    "Idle ratio per side": "Share of each side's observed time spent not generating / not training, per step; "
+                           "0 is fully busy.",
+    "Reward": "Mean reward of the samples trained at each step; it should rise.",
+    "Sync throughput": "Weight bytes moved per second of transfer in each step (GB/s).",
+    "Worker timeline": "One row per worker, coloured by state over wall time; thin lines mark step ends.",
+}
+
+
+def stall_bins(rows: Sequence[dict[str, Any]], keys: Sequence[str], max_bars: int = MAX_BARS
+               ) -> tuple[int, list[int], dict[str, list[float]]]:
+    """(bin size, first step of each bin, per key the mean per step over each bin): every step counted.
+
+        stall_bins(rows_of_steps_1_to_250, keys)   # -> (3, [1, 4, 7, ...], {...}): 84 bars, not 250
+    """
+    steps = sorted({r["step"] for r in rows if any(k in r for k in keys)})
+    if not steps:
+        return 1, [], {k: [] for k in keys}
+    size = max(1, math.ceil((steps[-1] - steps[0] + 1) / max_bars))
+    by_step = {r["step"]: r for r in rows}
+    starts = list(range(steps[0], steps[-1] + 1, size))
+    means: dict[str, list[float]] = {k: [] for k in keys}
+    for s0 in starts:
+        in_bin = [by_step[s] for s in range(s0, s0 + size) if s in by_step]
+        for k in keys:
+            vals = [float(r.get(k) or 0.0) for r in in_bin]
+            means[k].append(sum(vals) / len(vals) if vals else 0.0)
+    return size, starts, means
+
+
 def plot_stall(rows: Sequence[dict[str, Any]], out: Path) -> Path | None:
     keys = [k for k in STALL_CAUSE_KEYS if any(r.get(k) for r in rows)]
     if not keys:
         return None
-    steps = sorted({r["step"] for r in rows if any(k in r for k in keys)})
-    by_step = {r["step"]: r for r in rows}
+    size, starts, means = stall_bins(rows, keys)
     fig, ax = plt.subplots(figsize=(9, 4))
-    bottom = [0.0] * len(steps)
+    bottom = [0.0] * len(starts)
     for k in keys:
-        vals = [float(by_step[s].get(k) or 0.0) for s in steps]
-        label = k.removeprefix("stall/").removesuffix("_s")
-        side, _, cause = label.partition("_")
+        vals = means[k]
+        side, _, cause = k.removeprefix("stall/").removesuffix("_s").partition("_")
         # Same colour per state as the timeline; trainer causes hatched.
-        ax.bar(steps, vals, bottom=bottom, label=label, width=0.9, color=STATE_PLOT_COLORS[_CAUSE_STATE[cause]],
-               hatch="//" if side == "trainer" else None, edgecolor="white", linewidth=0.5)
+        ax.bar(starts, vals, bottom=bottom, label=f"{side}: {CAUSE_NAMES.get(cause, cause)}", width=0.9 * size,
+               align="edge", color=STATE_PLOT_COLORS[_CAUSE_STATE[cause]],
+               hatch="//" if side == "trainer" else None, edgecolor="white", linewidth=0.3)
         bottom = [b + v for b, v in zip(bottom, vals)]
     ax.set_xlabel("step")
-    ax.set_ylabel("stall (worker-seconds)")
-    ax.set_title("Stall per step by cause")
+    ax.set_ylabel("stall per step (worker-seconds)")
+    ax.set_title("Stall per step by cause" + (f" (mean over bins of {size} steps)" if size > 1 else " (every step)"))
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return _save(fig, out / "stall_by_cause.png")
 
@@ -195,6 +240,8 @@ def build_report(run_dir: str | Path) -> Path:
     parts.append("</table>")
     for title, path in plots:
         parts.append(f"<h2>{html.escape(title)}</h2>")
+        if title in HOW_TO_READ:
+            parts.append(f"<p><i>How to read: {html.escape(HOW_TO_READ[title])}</i></p>")
         if path is None:
             parts.append("<p><i>no data for this plot in the run</i></p>")
         else:

@@ -45,3 +45,24 @@ def test_report_skips_missing_parts_and_fails_clearly_on_an_empty_dir(tmp_path, 
     empty.mkdir()
     with pytest.raises(FileNotFoundError, match="metrics.jsonl"):
         build_report(empty)
+
+
+def test_the_stall_chart_bins_long_runs_counting_every_step_and_says_how_to_read_each_chart(tmp_path):
+    from rlsync.report import MAX_BARS, stall_bins
+
+    key = "stall/rollout_wait_weights_s"
+    rows = [{"step": s, key: float(s)} for s in range(1, 376)]          # 375 steps: too many for one bar each
+    size, starts, means = stall_bins(rows, [key])
+    assert size == 4 and len(starts) <= MAX_BARS and starts[0] == 1 and starts[-1] == 373
+    assert means[key][0] == (1 + 2 + 3 + 4) / 4                         # a mean per step over the bin
+    assert means[key][-1] == (373 + 374 + 375) / 3                       # the last partial bin kept, not dropped
+    assert sum(m * min(size, 376 - s) for m, s in zip(means[key], starts)) == sum(range(1, 376))
+    assert stall_bins(rows[:50], [key])[0] == 1                          # short runs: a bar per step
+    (tmp_path / "metrics.jsonl").write_text("\n".join(__import__("json").dumps(r) for r in rows))
+    page = build_report(tmp_path).read_text()
+    assert page.count("How to read:") >= 2                               # one sentence per chart with data
+    from rlsync.report import CAUSE_NAMES
+    from rlsync.telemetry.metrics import CAUSES
+
+    assert set(CAUSE_NAMES) == set(CAUSES.values())                      # every cause has a name in words
+    assert CAUSE_NAMES["wait_weights"] == "waiting for the next version"
