@@ -25,6 +25,8 @@ from rlsync.rollout.engine import RolloutEngine
 from rlsync.rollout.models import TinyModelConfig
 from rlsync.trainer.backend import OptimizerConfig, TrainerBackend
 from rlsync.workers.elastic import ElasticConfig, TrainerChurnConfig
+from rlsync.workers.weight_channels import SyncConfig, check_sync
+from rlsync.driver.evaluation import EvalConfig
 
 
 @dataclass(kw_only=True)
@@ -229,6 +231,10 @@ class TrainConfig:
     plugin_path: list[str] = field(default_factory=list)
     """Directories put first on sys.path (driver and workers) before importing `plugins`; empty: the
     directory `python -m rlsync.train` was started in (made absolute when the config is composed)."""
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    """How weights reach the engines: hub (default), object_store or broadcast (the baselines; docs/real_model.md)."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Held-out greedy evaluation every N steps (`eval/*`)."""
 
 
 def recipe_files() -> dict[str, Path]:
@@ -363,6 +369,7 @@ def check_config(cfg: TrainConfig) -> TrainConfig:
     from rlsync.config_rules import check_values
 
     check_values(cfg)  # ranges and rules across fields (rlsync/config_rules.py)
+    check_sync(cfg)
     return cfg
 
 

@@ -56,3 +56,25 @@ def number_match(prompt: Prompt, response_ids: list[int], response_text: str) ->
     """1 if the first integer in the response equals the answer, else 0."""
     m = _INT.search(response_text.replace(",", ""))
     return 1.0 if m is not None and int(m.group()) == int(prompt.answer) else 0.0
+
+
+_JUST_NUMBER = re.compile(r"-?\d+\.?")
+
+
+@register_reward("number_format")
+def number_format(prompt: Prompt, response_ids: list[int], response_text: str) -> float:
+    """Correctness with partial credit for format, for "Reply with just the number" prompts:
+    0.5 if the response starts with the right number, + 0.3 if it is just a number (a trailing period
+    allowed), + 0.2 if it starts with a number at all. 1.0 only for exactly the right number.
+
+    A pretrained instruct model (SmolLM2-135M) starts near 0.2: it often writes "3 + 4 = 7" or a sentence,
+    whose first number is an operand; the format terms give GRPO a gradient towards answering with the
+    number, and the model knows single-digit sums once it does (docs/real_model.md).
+    """
+    t = response_text.strip()
+    m = _INT.match(t)
+    if m is None:
+        return 0.0
+    right = int(m.group()) == int(prompt.answer)
+    just = _JUST_NUMBER.fullmatch(t) is not None
+    return 0.2 + 0.3 * just + 0.5 * right

@@ -56,7 +56,10 @@ from rlsync.telemetry.metrics import HubStats, StepAggregator
 from rlsync.telemetry.progress import StepProgress
 from rlsync.telemetry.trace import TraceWriter
 from rlsync.workers.policy import build_policy
+from rlsync.workers.group import write_peak_rss
 from rlsync.workers.trainer_group import TrainerGroup, TrainerGroupError
+from rlsync.workers.weight_channels import DriverChannels
+from rlsync.driver.evaluation import Evaluator
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +89,7 @@ class Driver:
         r = cfg.rollout
         self.ppr = r.prompts_per_request or max(1, -(-r.prompts_per_step // max(1, self.n_rollout)))
         self._stop_requested = threading.Event()
+        self.evals = Evaluator(cfg)
 
     def stop(self) -> None:
         """Ask a running `run()` to end after the step in progress (thread-safe); it then shuts down as usual."""
@@ -110,6 +114,7 @@ class Driver:
                                       journal=os.path.join(self._hub_tmp, "journal.db"))
         addr, tok = self.hub.address, self.hub.token
         ckpt = CheckpointStore(self.run_dir / "checkpoints", keep=c.checkpoint.keep)
+        self.channels = DriverChannels(c, addr)  # sync.mode != hub: before any worker looks for it
         self.trainers = TrainerGroup(c, addr, tok, self.run_dir,
                                      checkpoint_dir=lambda: str(ckpt.latest()[0]) if ckpt.latest() else None)
         self.trainers.start()
@@ -119,8 +124,14 @@ class Driver:
         self.audit = PayloadAudit(next(iter(info.values()))["shapes"])
         self.pools.wait_ready(c.timeout_s)
         self.pools.write_job_file()
+        self.channels.start(self.trainers, self.pools, c.timeout_s)
 
     def _stop(self) -> None:
+        if getattr(self, "channels", None) is not None:
+            try:
+                self.channels.check(timeout_s=30.0)
+            except Exception as e:  # noqa: BLE001 - shutting down anyway
+                log.warning("weight channel: %s", e)
         if getattr(self, "pools", None) is not None:
             self.pools.shutdown()
         if getattr(self, "trainers", None) is not None:
@@ -131,6 +142,12 @@ class Driver:
             self.hub.stop()
         if getattr(self, "_hub_tmp", None) is not None:
             shutil.rmtree(self._hub_tmp, ignore_errors=True)
+
+    def _write_memory(self) -> None:
+        """Peak RSS of every live worker to <run dir>/memory.json (docs/real_model.md: copies per worker)."""
+        groups = [getattr(getattr(self, "trainers", None), "workers", None)]
+        groups += [p.group for p in getattr(getattr(self, "pools", None), "pools", {}).values()]
+        write_peak_rss([g for g in groups if g is not None], self.run_dir / "memory.json")
 
     def _trainer_call(self, method: str, *args_per_rank) -> list:
         try:
@@ -175,12 +192,15 @@ class Driver:
                 self.totals.update(state.get("totals", {}))
                 log.info("resumed from %s at step %d (data cursor %d)", path, step, self.task.cursor)
             self._trainer_call("publish")
+            self.channels.after_publish(wait=True)
+            self.evals.run(self, step, logger)
             with StepProgress(total=c.steps, enabled=c.progress) as bar:
                 bar.update(step, version=step)
                 self._loop(step, logger, trace, bar, ckpt)
         finally:
             trace.close()
             logger.close()
+            self._write_memory()
             self._stop()
         return dict(self.totals)
 
@@ -205,7 +225,7 @@ class Driver:
                                       buffered=buf.fresh(step + (train_refs is not None), self.bound),
                                       inflight=inflight, groups_per_step=r.prompts_per_step,
                                       bound=self.bound, total_steps=c.steps)
-                if target is None:
+                if target is None or not self.channels.may_start(self.bound.min_version(target), step):
                     break
                 prompts = self.task.next_prompts(self.ppr)
                 ref = h.rollout.remote(prompts, self.bound.min_version(target))
@@ -274,9 +294,11 @@ class Driver:
                     raise RunError(f"trainer group re-formed at v{self.trainers.version}, driver at step {step}")
                 metrics = {"version": step + 1}  # committed before the loss was seen: the step counts
             step += 1
+            self.channels.after_publish()
             step_stats["timing_s/train"] = time.monotonic() - train_started
             end = now_ns()
             m = self._close_step(step, agg, trace, metrics, step_stats, step_start_ns, end)
+            m.update(self.evals.run(self, step))
             self.pools.on_step(step, m)
             self.trainers.after_step(step)
             logger.log(m, step=step)

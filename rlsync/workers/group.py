@@ -59,7 +59,14 @@ def with_telemetry(cls):
         """Closed state intervals and events since the last drain (the open interval is cut at now)."""
         return self.clock.drain()
 
+    def peak_rss_mb(self) -> float:
+        """This process's peak resident set size (MiB; Linux reports ru_maxrss in KiB)."""
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
     cls.drain_stall = drain_stall
+    cls.peak_rss_mb = peak_rss_mb
     return cls
 
 
@@ -106,6 +113,9 @@ class WorkerGroup:
         keys = list(self.members)
         return dict(zip(keys, ray.get([self.members[k].ready.remote() for k in keys], timeout=timeout_s)))
 
+    def peak_rss_refs(self) -> dict[str, Any]:
+        return {k: h.peak_rss_mb.options(concurrency_group="telemetry").remote() for k, h in self.members.items()}
+
     def drain_refs(self) -> dict[str, Any]:
         return {k: h.drain_stall.options(concurrency_group="telemetry").remote() for k, h in self.members.items()}
 
@@ -125,3 +135,21 @@ class WorkerGroup:
     def shutdown(self, timeout_s: float = 10.0) -> None:
         for key in list(self.members):
             self.remove(key, timeout_s)
+
+
+def write_peak_rss(groups: list[WorkerGroup], path) -> dict[str, float]:
+    """Ask every live member of `groups` for its peak RSS (MiB), write {"peak_rss_mb": {...}} to `path`."""
+    import json
+
+    refs = {k: r for g in groups for k, r in g.peak_rss_refs().items()}
+    out = {}
+    for k, ref in refs.items():
+        try:
+            out[k] = round(ray.get(ref, timeout=30), 1)
+        except Exception as e:  # noqa: BLE001 - a dead worker has no answer
+            log.debug("peak rss of %s: %s", k, e)
+    if out:
+        with open(path, "w") as f:
+            json.dump({"peak_rss_mb": out}, f, indent=1)
+        log.info("peak RSS per worker (MiB): %s", out)
+    return out

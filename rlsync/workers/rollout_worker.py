@@ -22,6 +22,7 @@ from rlsync.core.stall import StallClock
 from rlsync.hub import errors as E
 from rlsync.workers.group import hub_client as _hub_client, process_setup as _process_setup, with_telemetry
 from rlsync.workers.policy import build_policy, special_ids
+from rlsync.workers.weight_channels import EngineChannel
 
 log = logging.getLogger(__name__)
 
@@ -47,15 +48,32 @@ class RolloutWorker:
         self.hub = _hub_client(cfg, hub_address, hub_token, cfg.pools[pool].location, self.worker_id)
         # Engines that stage and apply (vLLM: the hub cannot fetch into its repacked parameters) get the
         # hub client; their updates are fetch-into-staging + in-place apply (docs/vllm.md).
-        self.staged = getattr(self.engine, "stages_weights", False)
+        # (sync.mode object_store / broadcast: weights come from the channel instead, weight_channels.py.)
+        self.staged = getattr(self.engine, "stages_weights", False) and cfg.sync.mode == "hub"
         if self.staged:
             self.engine.attach_hub(self.hub, cfg.hub.model_name)
+        self.channel = EngineChannel(self.engine, self.clock, hub_address, cfg.rollout.weight_poll_s)  # sync.mode != hub
+
+    def set_channel(self, broadcast: tuple, meta: dict) -> str:
+        """sync.mode=broadcast: join the static group (host, port, world, rank, timeout_s); blocks until all have."""
+        self.channel.connect(broadcast, meta)
+        return self.worker_id
+
+    def recv_broadcast(self) -> int:
+        """sync.mode=broadcast: take part in the trainer's broadcast of the next version (blocks until all have)."""
+        return self.channel.recv()
 
     def ready(self) -> str:
         return self.worker_id
 
     def _ensure_weights(self, min_version: int) -> None:
         r, name = self.cfg.rollout, self.cfg.hub.model_name
+        if self.cfg.sync.mode == "object_store":
+            return self.channel.pull(min_version)
+        if self.cfg.sync.mode == "broadcast":  # the driver queued the broadcast ahead of this call
+            if self.engine.version < min_version:
+                raise RuntimeError(f"broadcast mode: engine holds v{self.engine.version} < {min_version}")
+            return
         if self.engine.version >= min_version:
             if not r.eager_fetch:
                 return
@@ -87,11 +105,14 @@ class RolloutWorker:
         Returns the hub worker id (the driver's map of sources) and what the fetch read from whom.
         """
         name = self.cfg.hub.model_name
-        got = None
-        try:
-            latest = self.hub.latest(name)
-        except E.UnknownModelError:  # nothing published yet (the run is starting)
-            latest = None
+        got = latest = None
+        if self.cfg.sync.mode == "object_store":  # from the object store (its bytes_by_source is on the fetch event)
+            self.channel.pull(0, join=True)
+        else:
+            try:
+                latest = self.hub.latest(name)
+            except E.UnknownModelError:  # nothing published yet (the run is starting)
+                latest = None
         if latest is not None:
             got = self._fetch_latest(name)
             self._record_fetch(got, join=True)
@@ -163,6 +184,22 @@ class RolloutWorker:
         groups = [batch.select(torch.arange(i * g, (i + 1) * g)) for i in range(len(prompts))]
         return RolloutResult(worker=self.worker_id, version=out.version, groups=groups,
                              generate_s=time.perf_counter() - t0)
+
+    def evaluate(self, prompts: list, min_version: int) -> dict[str, float]:
+        """Greedy decoding of held-out prompts with weights of version >= min_version: mean reward, share fully right."""
+        self._ensure_weights(min_version)
+        cfg = getattr(self.engine, "config", None) or self.engine.engine.config  # hf, or the vllm wrapper's engine
+        was = cfg.do_sample
+        cfg.do_sample = False
+        try:
+            with self.clock.state("generating"):
+                out = self.engine.generate([p.prompt_ids for p in prompts])
+        finally:
+            cfg.do_sample = was
+            self.clock.enter("idle")
+        r = [self.task.score(p, ids) for p, ids in zip(prompts, out.response_ids)]
+        return {"reward_mean": sum(r) / len(r), "accuracy": sum(x >= 1.0 for x in r) / len(r),
+                "version": float(out.version), "mean_response_tokens": sum(map(len, out.response_ids)) / len(r)}
 
     def shutdown(self, deadline_s: float = 0.0) -> None:
         """Leave the hub; with `deadline_s` > 0 (a preemption notice) retention hands off what only we hold."""

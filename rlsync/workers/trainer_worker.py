@@ -50,6 +50,7 @@ class TrainerWorker:
         from rlsync.trainer import DistConfig, free_port
 
         self.cfg, self.rank = cfg, rank
+        self._hub_address = hub_address
         self.worker_id = f"trainer-{rank}"
         self.clock = StallClock(self.worker_id, role="trainer", pool="trainer")
         model, _ = build_policy(cfg)
@@ -135,13 +136,26 @@ class TrainerWorker:
                 "latest": self.hub.latest(name), "seconds": time.perf_counter() - t0}
 
     def publish(self) -> dict:
-        """Register the current weights in the hub as version `backend.version` (no copy)."""
+        """Register the current weights in the hub as version `backend.version` (no copy); with
+        `sync.mode=object_store` put them in Ray's object store, with `broadcast` keep them for the
+        driver's `broadcast_weights` call (weight_channels.py)."""
         tensors = self.backend.named_parameters_for_sync()  # a collective under ZeRO-3: every rank calls
         v = self.backend.version
         nbytes = _nbytes(tensors)
         self._sync_meta = {n: (tuple(x.shape), x.dtype) for n, x in tensors.items()}
         out = {"version": v, "bytes": nbytes}
-        if self.rank == 0:
+        mode = self.cfg.sync.mode
+        if self.rank == 0 and mode == "object_store":
+            import ray
+
+            with self.clock.state("offloading"):  # gather the state dict, one copy into the object store
+                ref = ray.put({k: x.detach().contiguous() for k, x in tensors.items()})
+                ray.get(self._board.post.remote(v, [ref]))
+            self.clock.event("publish", version=v, bytes=nbytes)
+        elif self.rank == 0 and mode == "broadcast":
+            self._to_send = (v, tensors)  # live tensors; sent before the next step writes them
+            self.clock.event("publish", version=v, bytes=nbytes)
+        elif self.rank == 0:
             self.hub.publish(self.cfg.hub.model_name, v, {k: x.contiguous() for k, x in tensors.items()})
             self.published = v
             self.clock.event("publish", version=v, bytes=nbytes)
@@ -149,6 +163,32 @@ class TrainerWorker:
                 out["digest"] = weights_digest(tensors)
         self.clock.enter("waiting_data")
         return out
+
+    def set_channel(self, broadcast: tuple | None = None) -> dict:
+        """sync.mode object_store: find the run's `RefBoard`; broadcast: (host, port, world_size) of the static
+        group (rank 0 of it; returns once every engine has joined). Returns {name: (shape, dtype name)}."""
+        from rlsync.workers.weight_channels import GlooBroadcast, get_board
+
+        if self.cfg.sync.mode == "object_store":
+            self._board = get_board(self._hub_address)
+        if broadcast is not None and self.rank == 0:
+            host, port, world = broadcast
+            self._bcast = GlooBroadcast(host, port, 0, world, self.cfg.sync.broadcast_timeout_s)
+        return {n: (tuple(x.shape), str(x.dtype).removeprefix("torch."))
+                for n, x in self.backend.named_parameters_for_sync().items()}
+
+    def broadcast_weights(self) -> dict:
+        """sync.mode=broadcast, rank 0: send the last published version to every engine (all block)."""
+        if self.rank != 0:
+            return {}
+        v, tensors = self._to_send
+        t0 = time.perf_counter()
+        with self.clock.state("offloading"):
+            self._bcast.rendezvous(v)
+            t1 = time.perf_counter()
+            self._bcast.tensors(tensors)
+        self.clock.enter("waiting_data")
+        return {"version": v, "wait_s": t1 - t0, "send_s": time.perf_counter() - t1}
 
     def release(self) -> None:
         """Give the published version back before the optimizer writes the tensors (mutability contract)."""
