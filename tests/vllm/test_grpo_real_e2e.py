@@ -1,0 +1,40 @@
+"""grpo_real end to end for 2 steps: SmolLM2 through vLLM (CPU), the hub the only way weights move.
+
+The CLI as a user runs it (fresh process, its own Ray cluster). Checks: exit 0, two versions,
+every engine update a hub fetch (sources are hub workers: the trainer or a peer engine), no weight
+tensor in any Ray call (`ray/weight_like_tensors` 0), the start-of-run greedy eval logged, peak RSS
+per worker written.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is installed by scripts/run (RLSYNC_VLLM=none skips it)")
+
+
+@pytest.mark.timeout(1500)
+def test_grpo_real_two_steps_moves_weights_only_through_the_hub(tmp_path):
+    from rlsync.telemetry.loggers import read_jsonl
+
+    run = tmp_path / "run"
+    env = {**os.environ, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "rlsync.train", "+recipe=grpo_real", "steps=2", "eval.prompts=8", "eval.every=2",
+           f"hydra.run.dir={run}", "progress=false", "logging.wandb.enabled=false", "checkpoint.enabled=false"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = read_jsonl(run / "metrics.jsonl")
+    steps = [r for r in rows if "version" in r]
+    assert [r["version"] for r in steps] == [1, 2]
+    assert all(r["ray/weight_like_tensors"] == 0 for r in steps)
+    trace = json.load(open(run / "trace.json"))
+    fetches = [e["args"] for e in trace["traceEvents"] if e.get("name") == "fetch" and e.get("ph") == "i"]
+    assert fetches, "no engine ever fetched a version"
+    assert all(f["bytes"] > 0 and f["bytes_by_source"] and not {"object_store", "broadcast"} & set(f["bytes_by_source"])
+               for f in fetches)
+    assert sum(r["sync/bytes"] for r in steps) > 0
+    assert [r["step"] for r in rows if "eval/reward_mean" in r] == [0, 2]
+    mem = json.load(open(run / "memory.json"))["peak_rss_mb"]
+    assert {"trainer-0", "main-0", "main-1"} <= set(mem)
