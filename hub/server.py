@@ -26,7 +26,7 @@ from .location import Location
 from .manifest import Manifest
 from .rpc import MAX_MESSAGE_BYTES, pack, read_or_create_token, unpack
 from .shard import Shard
-from .state import DONE, PENDING, HubConfig, HubState
+from .state import DONE, KEEP_OLD, PENDING, HubConfig, HubState
 from .tickets import Ticket, TicketSigner
 from .wire_args import SPECS, check_args
 
@@ -73,8 +73,7 @@ class HubServer:
 
     def _journal_commit(self, model, version, group, manifests) -> None:
         self.journal.record_commit(model, version, group, manifests, time.time())
-        keep = self.cfg.retention.retain_last
-        self.journal.forget(model, below=version - keep - 64)
+        self.journal.forget(model, below=version - self.cfg.retention.retain_last - KEEP_OLD)
 
     # ------------------------------------------------------------------ loop
     def serve_forever(self) -> None:

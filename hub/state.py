@@ -100,12 +100,20 @@ class Pin:
     served: set[str] = field(default_factory=set)
 
 
+KEEP_OLD = 64
+"""Manifests of this many committed versions below the retained ones are kept (in memory and in the
+journal); older versions nobody holds, pins or fetches are forgotten, their numbers stay reserved.
+Without it the hub grew by every version's manifest for ever (`python -m rlsync.bench soak`)."""
+
+
 @dataclass(slots=True)
 class ModelRec:
     name: str
     versions: dict[int, VersionRec] = field(default_factory=dict)
     committed: list[int] = field(default_factory=list)
     pins: dict[str, Pin] = field(default_factory=dict)
+    forgot_below: int = 0
+    """Versions below this that are not in `versions` were forgotten (KEEP_OLD), not never committed."""
 
     @property
     def latest(self) -> int | None:
@@ -274,7 +282,19 @@ class HubState:
             m.committed.sort()
             log.info("committed %s v%d (%d shard%s)", model, version, shard.group_count,
                      "s" if shard.group_count > 1 else "")
+            self._forget_old(m)
         return commits
+
+    def _forget_old(self, m: ModelRec) -> None:
+        below = m.latest - self.cfg.retention.retain_last - KEEP_OLD
+        if not m.versions or min(m.versions) >= below:
+            return
+        used = ({r.version for r in self.replicas.values() if r.model == m.name}
+                | {p.version for p in m.pins.values()} | {f.version for f in self.fetches.values() if f.model == m.name})
+        for v in [v for v in m.versions if v < below and v not in used]:
+            del m.versions[v]
+        m.committed = [v for v in m.committed if v in m.versions]
+        m.forgot_below = below
 
     def restore_committed(self, model: str, version: int, group: tuple[int, int],
                           manifests: dict[str, Manifest]) -> None:
@@ -325,6 +345,10 @@ class HubState:
             ver = m.latest
         elif isinstance(version, int) and not isinstance(version, bool):
             vr = m.versions.get(version)
+            if vr is None and version < m.forgot_below:
+                raise E.VersionNotRetainedError(f"{model!r} v{version} is no longer retained: the hub keeps the "
+                                                f"newest {self.cfg.retention.retain_last + KEEP_OLD} versions "
+                                                "(and older ones still held or fetched)")
             if vr is None or not vr.committed:
                 raise E.VersionNotFoundError(f"{model!r} v{version} was never committed "
                                              f"(latest: {m.latest})")

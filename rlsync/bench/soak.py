@@ -11,10 +11,12 @@ Every `--sample-every` seconds it samples the resident set size (VmRSS) and open
 (/proc/PID/fd) of the hub and of each long-lived worker (trainer, readers). It writes the samples and
 fetch counts to `--out`/soak.json and a plot to `--out`/soak.png.
 
-Growth bound (the loud failure): for every long-lived process, and for each hub lifetime long enough
-to judge, compare the mean of its last `--window` fraction of samples with the mean of its first
-(after `--warmup-s`): RSS may grow by at most `--rss-mib` MiB + `--rss-frac` of the start, open fds
-by at most `--fds`. Beyond that, or any torn fetch, the run exits 1 and says which process grew.
+Growth bound (the loud failure): for every long-lived process, and for each hub lifetime, judge the
+second half of its samples (and none younger than `--warmup-s`): the least-squares slope of its RSS
+may be at most `--rss-mib-per-h` MiB per hour, and its open fds (mean of the last `--window` of those
+samples against the first) may grow by at most `--fds`. A slope, not a start/end difference: a slow
+leak hides in noise over minutes but not in a fitted line, and allocator warm-up stays out of the
+second half. Beyond the bound, or any torn fetch, the run exits 1 and says which process grew.
 """
 from __future__ import annotations
 
@@ -48,13 +50,11 @@ class SoakConfig:
     sample_every_s: float = 5.0
     """RSS and fd sampling period."""
     warmup_s: float = 60.0
-    """Samples younger than this (per process lifetime) are not judged: imports, first buffers."""
+    """Samples younger than this (per process lifetime) are never judged: imports, first buffers."""
     window: float = 0.2
-    """Fraction of a series averaged at its start and at its end."""
-    rss_mib: float = 64.0
-    """Allowed RSS growth, absolute part (MiB)."""
-    rss_frac: float = 0.25
-    """Allowed RSS growth, relative part (of the start)."""
+    """Fraction of the judged samples averaged at their start and end (open fds)."""
+    rss_mib_per_h: float = 8.0
+    """Allowed RSS slope over the judged samples (MiB per hour)."""
     fds: int = 16
     """Allowed growth of open file descriptors."""
 
@@ -70,19 +70,22 @@ def proc_sample(pid: int) -> tuple[float, int] | None:
 
 
 def judge(series: list[dict], cfg: SoakConfig) -> dict | None:
-    """Start/end means of a series and whether it grew beyond the bound (None: too short to judge)."""
+    """Slope of RSS and growth of fds over the second half of a series (None: too short to judge)."""
     t0 = series[0]["t"] if series else 0.0
-    pts = [s for s in series if s["t"] - t0 >= cfg.warmup_s]
+    span = series[-1]["t"] - t0 if series else 0.0
+    pts = [s for s in series if s["t"] - t0 >= max(cfg.warmup_s, span / 2)]
     if len(pts) < 10:
         return None
+    mt = statistics.mean(s["t"] for s in pts)
+    mr = statistics.mean(s["rss_mib"] for s in pts)
+    den = sum((s["t"] - mt) ** 2 for s in pts)
+    slope = sum((s["t"] - mt) * (s["rss_mib"] - mr) for s in pts) / den * 3600 if den else 0.0
     k = max(2, int(len(pts) * cfg.window))
-    rss0, rss1 = statistics.mean(s["rss_mib"] for s in pts[:k]), statistics.mean(s["rss_mib"] for s in pts[-k:])
     fd0, fd1 = statistics.mean(s["fds"] for s in pts[:k]), statistics.mean(s["fds"] for s in pts[-k:])
-    rss_bound = cfg.rss_mib + cfg.rss_frac * rss0
-    return {"rss_start_mib": round(rss0, 1), "rss_end_mib": round(rss1, 1), "rss_growth_mib": round(rss1 - rss0, 1),
-            "rss_bound_mib": round(rss_bound, 1), "fds_start": round(fd0, 1), "fds_end": round(fd1, 1),
-            "fds_growth": round(fd1 - fd0, 1), "fds_bound": cfg.fds,
-            "grew": (rss1 - rss0) > rss_bound or (fd1 - fd0) > cfg.fds,
+    return {"rss_start_mib": pts[0]["rss_mib"], "rss_end_mib": pts[-1]["rss_mib"],
+            "rss_mib_per_h": round(slope, 1), "rss_bound_mib_per_h": cfg.rss_mib_per_h,
+            "fds_start": round(fd0, 1), "fds_end": round(fd1, 1), "fds_bound": cfg.fds,
+            "grew": slope > cfg.rss_mib_per_h or (fd1 - fd0) > cfg.fds,
             "seconds_judged": round(pts[-1]["t"] - pts[0]["t"], 1)}
 
 
@@ -242,18 +245,24 @@ def main(argv: list[str]) -> int:
     p.add_argument("--restart-every", type=float, default=d.restart_every_s)
     p.add_argument("--sample-every", type=float, default=d.sample_every_s)
     p.add_argument("--warmup-s", type=float, default=d.warmup_s)
-    p.add_argument("--rss-mib", type=float, default=d.rss_mib)
-    p.add_argument("--rss-frac", type=float, default=d.rss_frac)
+    p.add_argument("--rss-mib-per-h", type=float, default=d.rss_mib_per_h)
+    p.add_argument("--rejudge", default=None, help="judge the samples of an earlier soak.json again, run nothing")
     p.add_argument("--fds", type=int, default=d.fds)
     p.add_argument("--out", default="soak-out", help="directory for soak.json and soak.png")
     a = p.parse_args(argv)
     cfg = SoakConfig(minutes=a.minutes, readers=a.readers, size_mb=a.size_mb, period_s=a.period,
                      churn_every_s=a.churn_every, restart_every_s=a.restart_every, sample_every_s=a.sample_every,
-                     warmup_s=a.warmup_s, rss_mib=a.rss_mib, rss_frac=a.rss_frac, fds=a.fds)
+                     warmup_s=a.warmup_s, rss_mib_per_h=a.rss_mib_per_h, fds=a.fds)
     os.makedirs(a.out, exist_ok=True)
-    load0 = os.getloadavg()
-    res = run_soak(cfg)
-    res["load_avg_start"] = load0
+    if a.rejudge:
+        with open(a.rejudge) as f:
+            res = json.load(f)
+        res["verdicts"] = {name: judge(series, cfg) for name, series in res["samples"].items()}
+        res["grew"] = sorted(n for n, v in res["verdicts"].items() if v and v["grew"])
+    else:
+        load0 = os.getloadavg()
+        res = run_soak(cfg)
+        res["load_avg_start"] = load0
     with open(os.path.join(a.out, "soak.json"), "w") as f:
         json.dump(res, f, indent=1)
     plot(res, os.path.join(a.out, "soak.png"))
@@ -263,10 +272,11 @@ def main(argv: list[str]) -> int:
         if v is None:
             print(f"{name:10s} (too short to judge)")
             continue
-        print(f"{name:10s} RSS {v['rss_start_mib']:7.1f} -> {v['rss_end_mib']:7.1f} MiB "
-              f"(+{v['rss_growth_mib']:.1f}, bound {v['rss_bound_mib']:.1f})  fds {v['fds_start']:.0f} -> "
+        print(f"{name:10s} RSS {v['rss_start_mib']:7.1f} -> {v['rss_end_mib']:7.1f} MiB, slope "
+              f"{v['rss_mib_per_h']:+6.1f} MiB/h (bound {v['rss_bound_mib_per_h']:.0f})  fds {v['fds_start']:.0f} -> "
               f"{v['fds_end']:.0f} (bound +{v['fds_bound']})  {'GREW' if v['grew'] else 'ok'}")
-    print(f"wrote {a.out}/soak.json and {a.out}/soak.png; load avg {load0} -> {res['load_avg_end']}")
+    print(f"wrote {a.out}/soak.json and {a.out}/soak.png; load avg {res.get('load_avg_start')} -> "
+          f"{res['load_avg_end']}")
     if res["grew"] or res["counts"]["torn"]:
         print(f"FAIL: {'grew beyond the bound: ' + ', '.join(res['grew']) if res['grew'] else ''}"
               f"{' torn fetches: ' + str(res['counts']['torn']) if res['counts']['torn'] else ''}")

@@ -169,3 +169,24 @@ def test_source_hosts_pins_every_read_to_the_trainer_and_refuses_cleanly_without
     with pytest.raises(E.VersionLostError, match="source_hosts"):
         s2.plan_fetch(w2["r1"], "p", 1, Shard())
     assert snapshot(s2) == before
+
+
+def test_old_versions_are_forgotten_unless_still_held_so_the_hub_does_not_grow():
+    """The soak run (docs/benchmarks.md) saw the hub grow by every version's manifest, for ever."""
+    from rlsync.hub.state import KEEP_OLD
+
+    s, w = state()
+    s.publish(w["t"], "p", 1, Shard(), M)
+    s.plan_fetch(w["r1"], "p", 1, Shard())  # r1 is fetching v1: it must stay
+    n = 1 + KEEP_OLD + 40
+    for v in range(2, n + 1):
+        s.publish(w["t"], "p", v, Shard(), M)
+        s.release(w["t"], "p", v - 1, Shard())
+    m = s.models["p"]
+    assert len(m.versions) <= 1 + 1 + KEEP_OLD + 1 and m.latest == n
+    assert 1 in m.versions and m.committed[0] == 1  # still being fetched: kept
+    assert 2 not in m.versions
+    with pytest.raises(E.VersionNotRetainedError, match="no longer retained"):
+        s.plan_fetch(w["r2"], "p", 2, Shard())
+    with pytest.raises(E.VersionError):
+        s.publish(w["t"], "p", 2, Shard(), M)  # a forgotten number is never reused
