@@ -260,6 +260,9 @@ def main(argv: list[str]) -> int:
         res["verdicts"] = {name: judge(series, cfg) for name, series in res["samples"].items()}
         res["grew"] = sorted(n for n, v in res["verdicts"].items() if v and v["grew"])
     else:
+        def interrupt(*_):
+            raise KeyboardInterrupt  # SIGTERM: the same clean-up as Ctrl-C (workers and hub stopped)
+        signal.signal(signal.SIGTERM, interrupt)
         load0 = os.getloadavg()
         res = run_soak(cfg)
         res["load_avg_start"] = load0
