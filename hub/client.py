@@ -304,14 +304,16 @@ class HubClient:
 
     def _call(self, op: str, **kw):
         """A control call; if the hub no longer knows us (restart, failover), re-join and retry once."""
-        seen = self._joins
-        try:
-            return self._rpc.call(op, **kw)
-        except E.NotJoinedError:
-            if self.worker_id is None:
-                raise
-            self._rejoin(self._rpc, seen)
-            return self._rpc.call(op, **kw)
+        for attempt in range(3):
+            seen = self._joins
+            try:
+                return self._rpc.call(op, **kw)
+            except E.NotJoinedError:
+                # Another thread may have re-joined meanwhile (then the retry just works), or the hub
+                # expired us again right after a re-join (a stalled, overloaded machine): re-join again.
+                if self.worker_id is None or attempt == 2:
+                    raise
+                self._rejoin(self._rpc, seen)
 
     # ------------------------------------------------------------------ publish / release
     def publish(self, model: str, version: int, tensors: dict[str, torch.Tensor],

@@ -320,7 +320,13 @@ class HubState:
         rid = f"{wid}:{model}:{version}:{shard.key}:{slot}"
         live = self.replicas.get(f"{wid}:{model}:{version}:{shard.key}:live")
         origin = slot == "seed" and live is not None and live.origin
-        self.replicas.setdefault(rid, ReplicaRec(rid, wid, model, version, shard.key, slot, True, origin=origin))
+        rec = self.replicas.setdefault(rid, ReplicaRec(rid, wid, model, version, shard.key, slot, True, origin=origin))
+        if not rec.full:
+            # The worker holds it complete (it registers nothing else): a fetch of it this hub still has
+            # open lost its fetch_done (restart, retry). Without this its release would be refused.
+            for fid in [f.id for f in self.fetches.values() if f.relay == rid]:
+                del self.fetches[fid]
+            rec.full = True
         return rid
 
     # ---------------------------------------------------------------- fetch

@@ -32,15 +32,6 @@ def procs():
     close_all(made)
 
 
-def wait_until(cond, timeout_s: float, what: str) -> float:
-    """Poll `cond` until true; returns the seconds it took. Fails the test past `timeout_s`."""
-    t0 = time.monotonic()
-    while not cond():
-        assert time.monotonic() - t0 < timeout_s, f"{what}: not within {timeout_s}s"
-        time.sleep(0.02)
-    return time.monotonic() - t0
-
-
 def test_holder_killed_milliseconds_into_a_fetch_replans_to_the_trainer(procs):
     """The reader's only planned source dies 10-25 ms into its fetch: the trainer, alive, serves the rest."""
     kills_ms = [10, 15, 20, 25]
@@ -97,7 +88,7 @@ def test_fetch_right_after_a_hub_restart_waits_for_re_registration(tmp_path, pro
         proc.wait()
 
 
-def test_fetch_the_hub_forgot_in_a_restart_replans_when_its_source_dies(tmp_path, procs):
+def test_fetch_the_hub_forgot_in_a_restart_replans_when_its_source_dies(tmp_path, procs, wait_until):
     """A reader mid-fetch across a hub restart, then its source dies: the restarted hub never heard of
     that fetch, so the reader plans it anew (from the trainer) instead of failing 'unknown fetch'."""
     port = free_port()
@@ -123,3 +114,25 @@ def test_fetch_the_hub_forgot_in_a_restart_replans_when_its_source_dies(tmp_path
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_registering_a_replica_the_hub_still_sees_as_a_fetch_completes_it():
+    """A reader's fetch_done was lost (hub restart between its transfer and its report); it registers
+    the replica it holds complete. The hub must take it as full, or the reader's next fetch into the
+    same buffers fails: its release is refused as 'still being fetched'."""
+    import torch
+
+    from rlsync.hub import errors as E
+    from rlsync.hub.manifest import build_manifest
+    from rlsync.hub.shard import Shard
+    from rlsync.hub.state import DONE, HubState
+    s = HubState(HubConfig())
+    t, r = s.join("t", Location(host="t"), {}), s.join("r", Location(host="r"), {})
+    m = build_manifest({"w": torch.zeros(64)}, ManifestConfig())
+    s.publish(t, "p", 1, Shard(), m)
+    s.plan_fetch(r, "p", 1, Shard())
+    with pytest.raises(E.NotAReplicaError, match="still being fetched"):
+        s.release(r, "p", 1, Shard())
+    s.register_replica(r, "p", 1, Shard(), "live", m)
+    assert not s.fetches
+    assert s.release(r, "p", 1, Shard()) == DONE

@@ -60,11 +60,16 @@ def two_sources_one_slow(hub, procs, **kw):
     return trainer, a, b, pub
 
 
-def test_source_killed_mid_transfer_replans_missing_units(procs):
+def reading_from(w) -> bool:
+    """Some reader is being served by worker `w` right now."""
+    return any(x["readers"] for x in w.call("served").values())
+
+
+def test_source_killed_mid_transfer_replans_missing_units(procs, wait_until):
     with start_embedded_hub(config=HubConfig(planner=PlannerConfig(max_sources=1))) as hub:
         trainer, a, b, pub = two_sources_one_slow(hub, procs)
         tag = b.start("fetch", model="policy")
-        time.sleep(0.5)          # b is mid-transfer from a (same rack beats the trainer's rack)
+        wait_until(lambda: reading_from(a), what="b reading from a")  # same rack beats the trainer's rack
         a.kill()                 # kill -9
         got = b.wait(tag)
         assert got["digest"] == pub["digest"]
@@ -73,18 +78,18 @@ def test_source_killed_mid_transfer_replans_missing_units(procs):
         assert sum(got["bytes_by_source"].values()) == got["nbytes"]  # only the missing units again
 
 
-def test_stalled_source_past_deadline_is_replanned(procs):
+def test_stalled_source_past_deadline_is_replanned(procs, wait_until):
     with start_embedded_hub(config=HubConfig(planner=PlannerConfig(max_sources=1))) as hub:
         trainer, a, b, pub = two_sources_one_slow(hub, procs, io_timeout_s=1.5)
         tag = b.start("fetch", model="policy")
-        time.sleep(0.5)
+        wait_until(lambda: reading_from(a), what="b reading from a")
         os.kill(a.proc.pid, signal.SIGSTOP)   # alive but silent
         got = b.wait(tag)
         assert got["digest"] == pub["digest"] and got["bytes_by_source"][trainer.wid] > 0
         assert any(f.endswith(":live") for f in hub.server.state.suspects)
 
 
-def test_sole_holder_killed_without_notice_version_lost_never_stale(tmp_path, procs):
+def test_sole_holder_killed_without_notice_version_lost_never_stale(tmp_path, procs, wait_until):
     proc, address, token = start_hub_process(str(tmp_path), worker_timeout_s=2.0)
     try:
         trainer = procs(address, token, "trainer")
@@ -95,9 +100,9 @@ def test_sole_holder_killed_without_notice_version_lost_never_stale(tmp_path, pr
         old.call("fetch", model="policy")
         trainer.call("publish", model="policy", version=2, size_mb=2, seed=2, buf="v2")
         trainer.kill()  # the only holder of v2 dies with no notice
-        time.sleep(3.5)  # > worker timeout: heartbeats expire it
         reader = HubClient(address, token)
         reader.join(Location(host="r"))
+        wait_until(lambda: reader.stats()["workers"] == 2, what="the hub expiring the trainer")  # old-reader, reader
         with pytest.raises(E.VersionLostError):
             reader.fetch("policy")           # latest is v2: lost, and v1 is never served instead
         assert reader.fetch("policy", 1).version == 1   # v1 still has a live replica
@@ -123,7 +128,7 @@ def test_spot_leave_with_notice_hands_off_to_a_seed_worker(procs):
         assert list(got["bytes_by_source"]) == [seed.wid]
 
 
-def test_hub_kill9_restart_recovers_workers_and_never_reuses_versions(tmp_path, procs):
+def test_hub_kill9_restart_recovers_workers_and_never_reuses_versions(tmp_path, procs, wait_until):
     port = free_port()
     proc, address, token = start_hub_process(str(tmp_path), port=port)
     try:
@@ -136,15 +141,15 @@ def test_hub_kill9_restart_recovers_workers_and_never_reuses_versions(tmp_path, 
         r2.join(host="b")
         pub = trainer.call("publish", model="policy", version=1, size_mb=16, seed=7)
         tags = [m.start("fetch", model="policy") for m in midway]
-        time.sleep(0.5)
+        # every reader has its plan (its relay is registered) and the trainer is serving
+        wait_until(lambda: all(m.call("served") for m in midway) and reading_from(trainer), what="mid-fetch")
         proc.kill()                      # kill -9 of the hub while 4 readers are mid-fetch
         proc.wait()
-        time.sleep(0.5)
         proc, address2, _ = start_hub_process(str(tmp_path), port=port)  # same address, same journal
         assert address2 == address
         for m, tag in zip(midway, tags):  # planned transfers finish: the data plane needs no hub
             assert m.wait(tag)["digest"] == pub["digest"]
-        time.sleep(2.5)                  # heartbeats notice the restart; workers re-register
+        # The restarted hub knows no replica until workers re-register: the fetch waits for them.
         got2 = r2.call("fetch", model="policy")
         assert got2["version"] == 1 and got2["digest"] == pub["digest"]
         fresh = HubClient(address, token)

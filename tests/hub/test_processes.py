@@ -58,7 +58,7 @@ def test_one_publish_eight_readers_bit_exact_and_hub_moves_no_weights(tmp_path, 
         hub.wait(10)
 
 
-def test_relay_chain_each_reader_served_by_its_upstream(procs):
+def test_relay_chain_each_reader_served_by_its_upstream(procs, wait_until):
     cfg = HubConfig(planner=PlannerConfig(fanout_cap=1, max_sources=1))
     with start_embedded_hub(config=cfg) as hub:
         trainer = procs(hub.address, hub.token, "trainer", slow_s=0.05)
@@ -67,11 +67,10 @@ def test_relay_chain_each_reader_served_by_its_upstream(procs):
         for i, r in enumerate(readers):
             r.join(host=f"n{i}")
         pub = trainer.call("publish", model="policy", version=1, size_mb=32, seed=2)
-        import time
         tags = []
-        for r in readers:  # each starts while its upstream is still receiving
+        for r in readers:  # each starts once its upstream has its plan, while it is still receiving
             tags.append(r.start("fetch", model="policy"))
-            time.sleep(0.3)
+            wait_until(lambda: r.call("served"), what=f"{r.name}'s plan")
         res = [r.wait(t) for r, t in zip(readers, tags)]
         upstream = [trainer.wid] + [r.wid for r in readers[:-1]]
         for x, up in zip(res, upstream):
@@ -83,7 +82,7 @@ def test_relay_chain_each_reader_served_by_its_upstream(procs):
         assert nunits[readers[2].wid] == 0
 
 
-def test_release_with_three_reads_in_flight_then_overwrite(procs):
+def test_release_with_three_reads_in_flight_then_overwrite(procs, wait_until):
     with start_embedded_hub() as hub:
         trainer = procs(hub.address, hub.token, "trainer", slow_s=0.02)
         readers = [procs(hub.address, hub.token, f"r{i}") for i in range(4)]
@@ -92,21 +91,24 @@ def test_release_with_three_reads_in_flight_then_overwrite(procs):
             r.join(host=f"n{i}")
         pub = trainer.call("publish", model="policy", version=1, size_mb=24, seed=3)
         tags = [r.start("fetch", model="policy", version=1) for r in readers[:3]]
-        import time
-        time.sleep(0.3)  # the three reads are in flight
+        # the three reads are in flight: each has its plan, and the trainer is serving
+        wait_until(lambda: all(r.call("served") for r in readers[:3])
+                   and any(x["readers"] for x in trainer.call("served").values()), what="reads in flight")
         rel = trainer.call("release", model="policy", version=1)
         changed = trainer.call("overwrite", value=123.0)  # the writer reuses its buffers at once
         assert changed != pub["digest"]
         res = [r.wait(t) for r, t in zip(readers[:3], tags)]
         assert all(x["digest"] == pub["digest"] for x in res)  # none saw a changed byte
-        assert rel["finished"] >= max(x["finished"] for x in res) - 0.05  # release waited for the drain
+        # The release waited for the reads of the trainer's buffers to drain (readers planned on another
+        # reader's relay read nothing of the trainer's, and may finish after it).
+        assert rel["finished"] >= max(x["finished"] for x in res if trainer.wid in x["bytes_by_source"]) - 0.05
         late = readers[3].call("fetch", model="policy", version=1)
         assert late["digest"] == pub["digest"]
         assert trainer.wid not in late["bytes_by_source"]
         assert set(late["bytes_by_source"]) <= {r.wid for r in readers[:3]}
 
 
-def test_sole_replica_release_mid_fetch_and_offload_seed(procs):
+def test_sole_replica_release_mid_fetch_and_offload_seed(procs, wait_until):
     with start_embedded_hub() as hub:
         trainer = procs(hub.address, hub.token, "trainer", slow_s=0.02)
         readers = [procs(hub.address, hub.token, f"r{i}") for i in range(2)]
@@ -115,8 +117,7 @@ def test_sole_replica_release_mid_fetch_and_offload_seed(procs):
             r.join(host=f"n{i}")
         pub = trainer.call("publish", model="policy", version=1, size_mb=16, seed=4)
         tag = readers[0].start("fetch", model="policy")
-        import time
-        time.sleep(0.2)
+        wait_until(lambda: any(x["readers"] for x in trainer.call("served").values()), what="the read in flight")
         trainer.call("release", model="policy", version=1)   # sole replica; a reader is mid-fetch
         trainer.call("overwrite", value=-1.0)
         assert readers[0].wait(tag)["digest"] == pub["digest"]

@@ -116,7 +116,7 @@ def test_exact_bytes(transport, source, streams):
     assert rep.wait_drained(5)  # every stream's read was accounted as drained
 
 
-def test_relay_waits_for_units_then_forwards(transport, source):
+def test_relay_waits_for_units_then_forwards(transport, source, wait_until):
     tensors = model(1)
     upstream = {k: torch.zeros_like(v) for k, v in tensors.items()}
     relay = source.add(tensors, full=False, buffers=upstream)  # a fetch in progress: serves what it has
@@ -130,7 +130,7 @@ def test_relay_waits_for_units_then_forwards(transport, source):
 
     t = threading.Thread(target=reader)
     t.start()
-    time.sleep(0.3)
+    wait_until(lambda: relay.readers > 0 or errors, what="the reader's request on the relay")
     assert t.is_alive() and not errors  # waiting on the relay's condition variable, not failing
     for k in tensors:
         upstream[k].copy_(tensors[k])
@@ -141,9 +141,14 @@ def test_relay_waits_for_units_then_forwards(transport, source):
     assert_same(result["dest"].tensors, tensors)
 
 
-def test_relay_failure_reaches_the_reader(transport, source):
+def test_relay_failure_reaches_the_reader(transport, source, wait_until):
     relay = source.add(model(2), full=False)
-    threading.Timer(0.2, relay.fail, args=("upstream died",)).start()
+
+    def fail_once_read():  # the upstream dies while the reader waits on the relay
+        wait_until(lambda: relay.readers > 0, what="the reader's request on the relay")
+        relay.fail("upstream died")
+
+    threading.Thread(target=fail_once_read, daemon=True).start()
     with pytest.raises(E.TransferError, match="upstream died"):
         read(transport, source.endpoint, relay)
 
