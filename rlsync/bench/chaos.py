@@ -11,12 +11,18 @@ Every fetched version is checked against the bytes the trainer published for it 
 model for version v is a pure function of v). Counted: kills, fetches ok, fetches failed with a
 typed error, fetches failed untyped, torn (bytes that differ from the version's: must be 0), lost
 (`VersionLostError` although the trainer, never killed, held or had handed off the version: must be
-0), and failover seconds (hub kill → every live worker re-registered with the new hub).
+0), and failover seconds: hub kill → every live worker re-registered with the new hub, and hub kill →
+a probe reader's fetch of `latest` succeeded (kill-to-successful-fetch).
+
+`--seeds N` (seeds 1..N) or `--seeds 3,7,9` runs one schedule per seed back to back, on a fresh
+cluster each, and prints a row per seed and a total; the exit status is 0 only if no seed tore,
+lost or failed untyped.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import tempfile
@@ -26,10 +32,13 @@ from . import register_scenario
 
 
 def run_chaos(kills: int = 30, hub_kills: int = 2, seed: int = 0, readers: int = 4, size_mb: float = 2.0,
-              period_s: float = 1.0, interval_s: float = 1.5, max_seconds: float = 600.0) -> dict:
+              period_s: float = 1.0, interval_s: float = 1.5, max_seconds: float = 600.0,
+              settle_s: float = 2.0) -> dict:
+    """One seeded schedule on a fresh cluster. `settle_s`: fetching before the first kill and after the last."""
     import socket
 
-    from rlsync.hub import ClientConfig, HubClient, ManifestConfig
+    from rlsync.hub import ClientConfig, HubClient, Location, ManifestConfig
+    from rlsync.hub.errors import HubError
     from rlsync.hub.dataplane import DataPlaneConfig
     from rlsync.hub.demo import start_hub_process
     from rlsync.hub.procs import WorkerProcess, close_all, digest, make_model
@@ -47,7 +56,9 @@ def run_chaos(kills: int = 30, hub_kills: int = 2, seed: int = 0, readers: int =
               "fetches_ok": 0, "fetches_failed_typed": 0, "fetches_failed_untyped": 0, "torn": 0, "lost": 0,
               "publishes": 0, "publish_errors": 0}
     errors: dict[str, int] = {}
+    samples: dict[str, list[str]] = {}  # a few messages per failure kind, to say why
     failovers: list[float] = []
+    fetch_failovers: list[float] = []
     fetch_seconds: list[float] = []
     workers: list[WorkerProcess] = []
     n = 0
@@ -60,7 +71,8 @@ def run_chaos(kills: int = 30, hub_kills: int = 2, seed: int = 0, readers: int =
         n += 1
         w = spares.pop(0) if spares else WorkerProcess(address, token, cfg, name=f"{name}{n}")
         workers.append(w)
-        spares.append(WorkerProcess(address, token, cfg, name=f"spare{n}"))  # warms up while we wait
+        if not spares:
+            spares.append(WorkerProcess(address, token, cfg, name=f"spare{n}"))  # warms up while we wait
         w.name = f"{name}{n}"
         w.join(**join)
         return w
@@ -88,17 +100,25 @@ def run_chaos(kills: int = 30, hub_kills: int = 2, seed: int = 0, readers: int =
                 key = "fetches_failed_typed" if r["typed"] else "fetches_failed_untyped"
                 counts[key] += 1
                 errors[r["error"]] = errors.get(r["error"], 0) + 1
+                if len(samples.setdefault(r["error"], [])) < 3:
+                    samples[r["error"]].append(r.get("message", ""))
                 if r["error"] == "VersionLostError":
                     counts["lost"] += 1
             fetch_seconds.append(r["seconds"])
 
     t_start = time.monotonic()
+    probe = None
     try:
+        # The first cluster's processes import at once (trainer, seed worker, readers), not one by one.
+        spares.extend(WorkerProcess(address, token, cfg, name=f"spare-{i}") for i in range(readers + 2))
         trainer = spawn("trainer", host="trainer")
         trainer.call("publish_loop", model="policy", size_mb=size_mb, period_s=period_s)
         seed_w = spawn("seed", host="seedhost", role="seed", follow=True)
         pool = [start_reader() for _ in range(readers)]
-        time.sleep(2.0)
+        # The failover probe: a reader that fetches only right after a hub restart (then releases).
+        probe = HubClient(address, token, config=cfg)
+        probe.join(Location(host="probe"), "probe")
+        time.sleep(settle_s)
         plan = ["hub"] * hub_kills + [rng.choice(["reader", "reader", "reader", "notice", "seed"])
                                       for _ in range(max(0, kills - hub_kills))]
         rng.shuffle(plan)
@@ -113,10 +133,21 @@ def run_chaos(kills: int = 30, hub_kills: int = 2, seed: int = 0, readers: int =
                 hub.kill()
                 hub.wait()
                 hub, _, _ = start_hub_process(tmp, port=port, worker_timeout_s=3.0)
-                probe = HubClient(address, token)
-                live = 2 + len(pool)
+                # Kill-to-successful-fetch: the probe's fetch waits (parked by the hub) until a holder
+                # of `latest` has re-registered; then the time until every live worker is back.
+                try:
+                    got = probe.fetch("policy", "latest")
+                    fetch_failovers.append(time.monotonic() - t0)
+                    if digest(got.tensors) != expected.setdefault(got.version, digest(make_model(size_mb, got.version))):
+                        counts["torn"] += 1
+                    probe.release("policy", got.version)
+                except HubError as e:
+                    key = "probe:" + type(e).__name__
+                    errors[key] = errors.get(key, 0) + 1
+                    samples.setdefault(key, []).append(str(e)[:200])
+                live = 3 + len(pool)
                 while probe.stats()["workers"] < live and time.monotonic() - t0 < 30:
-                    time.sleep(0.05)
+                    time.sleep(0.02)
                 failovers.append(time.monotonic() - t0)
                 counts["hub_kills"] += 1
             elif victim == "seed":
@@ -137,7 +168,7 @@ def run_chaos(kills: int = 30, hub_kills: int = 2, seed: int = 0, readers: int =
                     counts["reader_kills"] += 1
                 pool[i] = start_reader()
             counts["kills"] += 1
-        time.sleep(2.0)
+        time.sleep(settle_s)
         for w in pool:
             w.call("stop_loop")
             collect(w)
@@ -147,16 +178,56 @@ def run_chaos(kills: int = 30, hub_kills: int = 2, seed: int = 0, readers: int =
             if not r["ok"]:
                 errors["publish:" + r["error"]] = errors.get("publish:" + r["error"], 0) + 1
     finally:
+        if probe is not None:
+            probe.leave()
         close_all(workers + spares)
         hub.kill()
         hub.wait()
     out = dict(counts)
-    out.update(errors=errors, seconds=time.monotonic() - t_start, seed=seed,
+    out.update(errors=errors, error_samples=samples, seconds=time.monotonic() - t_start, seed=seed,
                failover_seconds=failovers,
                failover_seconds_max=max(failovers) if failovers else None,
                failover_seconds_median=statistics.median(failovers) if failovers else None,
+               failover_fetch_seconds=fetch_failovers,
+               failover_fetch_seconds_max=max(fetch_failovers) if fetch_failovers else None,
                fetch_seconds_max=max(fetch_seconds) if fetch_seconds else None)
     return out
+
+
+def parse_seeds(text: str) -> list[int]:
+    """'10' → seeds 1..10; '3,7,9' → those seeds."""
+    if "," in text:
+        return [int(x) for x in text.split(",") if x.strip()]
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError("--seeds N needs N >= 1")
+    return list(range(1, n + 1))
+
+
+COLUMNS = ("seed", "kills", "hub_kills", "fetches_ok", "fetches_failed_typed", "fetches_failed_untyped", "torn",
+           "lost", "failover_seconds_max", "failover_fetch_seconds_max", "seconds")
+
+
+def total(results: list[dict]) -> dict:
+    """Sums over seeds; maxima for the failover and fetch times."""
+    out: dict = {"seed": "total"}
+    for k in COLUMNS[1:]:
+        vals = [r[k] for r in results if r.get(k) is not None]
+        out[k] = (max(vals) if vals else None) if k.endswith("_max") else sum(vals)
+    out["fetch_seconds_max"] = max((r["fetch_seconds_max"] for r in results if r["fetch_seconds_max"]), default=None)
+    errors: dict[str, int] = {}
+    for r in results:
+        for e, n in r["errors"].items():
+            errors[e] = errors.get(e, 0) + n
+    out["errors"] = errors
+    return out
+
+
+def _print_table(rows: list[dict]) -> None:
+    heads = ("seed", "kills", "hub", "ok", "typed", "untyped", "torn", "lost", "rereg max s", "fetch max s", "secs")
+    print("  ".join(f"{h:>11s}" for h in heads))
+    for r in rows:
+        print("  ".join(f"{r[k]:>11.2f}" if isinstance(r[k], float) else f"{str(r[k]):>11s}" for k in COLUMNS))
 
 
 @register_scenario("chaos")
@@ -166,20 +237,46 @@ def main(argv: list[str]) -> int:
     p.add_argument("--kills", type=int, default=200)
     p.add_argument("--hub-kills", type=int, default=None, help="default: kills // 10")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", default=None, help="N (seeds 1..N) or a comma list: one run per seed, back to back")
     p.add_argument("--readers", type=int, default=4)
     p.add_argument("--size-mb", type=float, default=2.0)
     p.add_argument("--interval", type=float, default=1.5, help="mean seconds between kills")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
-    res = run_chaos(a.kills, a.hub_kills if a.hub_kills is not None else max(2, a.kills // 10), a.seed,
-                    a.readers, a.size_mb, interval_s=a.interval, max_seconds=max(600.0, a.kills * 5.0))
-    for k in ("kills", "hub_kills", "reader_kills", "notice_leaves", "seed_kills", "fetches_ok",
-              "fetches_failed_typed", "fetches_failed_untyped", "torn", "lost", "publishes",
-              "failover_seconds_max", "failover_seconds_median", "fetch_seconds_max", "seconds"):
-        v = res[k]
-        print(f"{k:26s} {v:.2f}" if isinstance(v, float) else f"{k:26s} {v}")
-    print(f"{'errors':26s} {res['errors']}")
+    seeds = parse_seeds(a.seeds) if a.seeds else [a.seed]
+    load_before = os.getloadavg()
+    results = []
+    for seed in seeds:
+        res = run_chaos(a.kills, a.hub_kills if a.hub_kills is not None else max(2, a.kills // 10), seed,
+                        a.readers, a.size_mb, interval_s=a.interval, max_seconds=max(600.0, a.kills * 5.0))
+        res["load"] = os.getloadavg()
+        results.append(res)
+        if len(seeds) > 1:
+            print(f"seed {seed}: kills {res['kills']} (hub {res['hub_kills']}) ok {res['fetches_ok']} "
+                  f"typed {res['fetches_failed_typed']} untyped {res['fetches_failed_untyped']} torn {res['torn']} "
+                  f"lost {res['lost']} failover max {res['failover_fetch_seconds_max']} s (re-registered "
+                  f"{res['failover_seconds_max']} s) {res['seconds']:.0f} s load {res['load'][0]:.1f} "
+                  f"errors {res['errors']}", flush=True)
+            if a.json:  # after every seed: a long sweep cut short keeps what it measured
+                with open(a.json, "w") as f:
+                    json.dump({"seeds": results, "total": total(results), "load_before": load_before}, f, indent=2)
+    if len(seeds) == 1:
+        res = results[0]
+        for k in ("kills", "hub_kills", "reader_kills", "notice_leaves", "seed_kills", "fetches_ok",
+                  "fetches_failed_typed", "fetches_failed_untyped", "torn", "lost", "publishes",
+                  "failover_seconds_max", "failover_seconds_median", "failover_fetch_seconds_max",
+                  "fetch_seconds_max", "seconds"):
+            v = res[k]
+            print(f"{k:26s} {v:.2f}" if isinstance(v, float) else f"{k:26s} {v}")
+        print(f"{'errors':26s} {res['errors']}")
+    tot = total(results)
+    if len(seeds) > 1:
+        _print_table(results + [tot])
+        print(f"errors: {tot['errors']}")
+    print(f"load average before: {load_before[0]:.1f}, after: {os.getloadavg()[0]:.1f} (1 min)")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(res, f, indent=2)
-    return 0 if res["torn"] == 0 and res["lost"] == 0 else 1
+            json.dump({"seeds": results, "total": tot, "load_before": load_before} if len(seeds) > 1 else results[0],
+                      f, indent=2)
+    ok = all(r["torn"] == 0 and r["lost"] == 0 and r["fetches_failed_untyped"] == 0 for r in results)
+    return 0 if ok else 1
