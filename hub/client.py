@@ -513,32 +513,38 @@ class HubClient:
         per_source: dict[str, int] = {}
         used: dict[str, str] = {}
         sources, attempts = plan["sources"], 0
-        while True:
-            failed, errors = self._pull_all(sources, dest, per_source, used, on_unit)
-            missing = [u for u in range(len(manifest.units)) if not dest.present[u]]
-            if not missing:
-                break
-            fatal = [e for e in errors if not isinstance(e, (E.TransferError, E.TicketError, E.ProtocolError))]
-            attempts += 1
-            if fatal or attempts > self.cfg.replan_attempts or not failed:
-                self._abort_fetch(dest, fid, errors[0] if errors else
-                                  E.ProtocolError("fetch plan did not cover every unit"))
-            log.warning("fetch %s: %d sources failed (%s); re-planning %d units", fid, len(failed),
-                        errors[0] if errors else "", len(missing))
-            try:
+        try:
+            while True:
+                failed, errors = self._pull_all(sources, dest, per_source, used, on_unit)
+                missing = [u for u in range(len(manifest.units)) if not dest.present[u]]
+                if not missing:
+                    break
+                fatal = [e for e in errors if not isinstance(e, (E.TransferError, E.TicketError, E.ProtocolError))]
+                attempts += 1
+                if fatal or attempts > self.cfg.replan_attempts or not failed:
+                    self._abort_fetch(dest, fid, errors[0] if errors else
+                                      E.ProtocolError("fetch plan did not cover every unit"))
+                log.warning("fetch %s: %d sources failed (%s); re-planning %d units", fid, len(failed),
+                            errors[0] if errors else "", len(missing))
                 try:
-                    sources = self._call("replan", wid=wid, fetch_id=fid, failed=failed, units=missing)["sources"]
-                except E.UnknownFetchError:
-                    # The hub restarted (or expired us) since it planned this fetch: plan it anew. The
-                    # units already here stay; only missing ones are pulled (from whoever holds them now).
-                    plan = self._call("fetch", wid=wid, model=model, version=ver, shard=shard.to_wire(),
-                                      group=None, into_spec=spec)
-                    if plan.get("held"):
-                        raise E.ProtocolError(f"the hub lists {model!r} v{ver} {shard.key} as held here "
-                                              "while this worker is still fetching it") from None
-                    fid, sources = plan["fetch_id"], plan["sources"]
-            except E.HubError as e:
-                self._abort_fetch(dest, fid, e)
+                    try:
+                        sources = self._call("replan", wid=wid, fetch_id=fid, failed=failed, units=missing)["sources"]
+                    except E.UnknownFetchError:
+                        # The hub restarted (or expired us) since it planned this fetch: plan it anew. The
+                        # units already here stay; only missing ones are pulled (from whoever holds them now).
+                        plan = self._call("fetch", wid=wid, model=model, version=ver, shard=shard.to_wire(),
+                                          group=None, into_spec=spec)
+                        if plan.get("held"):
+                            raise E.ProtocolError(f"the hub lists {model!r} v{ver} {shard.key} as held here "
+                                                  "while this worker is still fetching it") from None
+                        fid, sources = plan["fetch_id"], plan["sources"]
+                except E.HubError as e:
+                    self._abort_fetch(dest, fid, e)
+        except E.HubError:
+            raise  # _abort_fetch already failed the relay and told the hub
+        except Exception as e:  # a bug, not a peer: still fail the relay so its readers do not wait
+            log.exception("fetch %s failed unexpectedly", fid)
+            self._abort_fetch(dest, fid, e)
         self._fetch_done(fid, ok=True, rep=dest, model=model, version=ver, shard=shard)
         self._held[rid] = (model, ver, shard, "live")
         secs = time.monotonic() - t0

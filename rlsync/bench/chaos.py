@@ -59,6 +59,8 @@ def run_chaos(kills: int = 30, hub_kills: int = 2, seed: int = 0, readers: int =
     samples: dict[str, list[str]] = {}  # a few messages per failure kind, to say why
     failovers: list[float] = []
     fetch_failovers: list[float] = []
+    restarts: list[float] = []      # hub kill -> the restarted hub listens
+    after_listen: list[float] = []  # the restarted hub listens -> the probe's fetch succeeded
     fetch_seconds: list[float] = []
     workers: list[WorkerProcess] = []
     n = 0
@@ -133,11 +135,14 @@ def run_chaos(kills: int = 30, hub_kills: int = 2, seed: int = 0, readers: int =
                 hub.kill()
                 hub.wait()
                 hub, _, _ = start_hub_process(tmp, port=port, worker_timeout_s=3.0)
+                t_listen = time.monotonic()  # the new hub process listens (its start-up is the machine's)
+                restarts.append(t_listen - t0)
                 # Kill-to-successful-fetch: the probe's fetch waits (parked by the hub) until a holder
                 # of `latest` has re-registered; then the time until every live worker is back.
                 try:
                     got = probe.fetch("policy", "latest")
                     fetch_failovers.append(time.monotonic() - t0)
+                    after_listen.append(time.monotonic() - t_listen)
                     if digest(got.tensors) != expected.setdefault(got.version, digest(make_model(size_mb, got.version))):
                         counts["torn"] += 1
                     probe.release("policy", got.version)
@@ -190,6 +195,9 @@ def run_chaos(kills: int = 30, hub_kills: int = 2, seed: int = 0, readers: int =
                failover_seconds_median=statistics.median(failovers) if failovers else None,
                failover_fetch_seconds=fetch_failovers,
                failover_fetch_seconds_max=max(fetch_failovers) if fetch_failovers else None,
+               restart_seconds=restarts, restart_seconds_max=max(restarts) if restarts else None,
+               after_listen_seconds=after_listen,
+               after_listen_seconds_max=max(after_listen) if after_listen else None,
                fetch_seconds_max=max(fetch_seconds) if fetch_seconds else None)
     return out
 
@@ -205,7 +213,7 @@ def parse_seeds(text: str) -> list[int]:
 
 
 COLUMNS = ("seed", "kills", "hub_kills", "fetches_ok", "fetches_failed_typed", "fetches_failed_untyped", "torn",
-           "lost", "failover_seconds_max", "failover_fetch_seconds_max", "seconds")
+           "lost", "failover_fetch_seconds_max", "restart_seconds_max", "after_listen_seconds_max", "seconds")
 
 
 def total(results: list[dict]) -> dict:
@@ -224,7 +232,8 @@ def total(results: list[dict]) -> dict:
 
 
 def _print_table(rows: list[dict]) -> None:
-    heads = ("seed", "kills", "hub", "ok", "typed", "untyped", "torn", "lost", "rereg max s", "fetch max s", "secs")
+    heads = ("seed", "kills", "hub", "ok", "typed", "untyped", "torn", "lost", "failover max", "listen max",
+             "fetch after", "secs")
     print("  ".join(f"{h:>11s}" for h in heads))
     for r in rows:
         print("  ".join(f"{r[k]:>11.2f}" if isinstance(r[k], float) else f"{str(r[k]):>11s}" for k in COLUMNS))
@@ -254,8 +263,9 @@ def main(argv: list[str]) -> int:
         if len(seeds) > 1:
             print(f"seed {seed}: kills {res['kills']} (hub {res['hub_kills']}) ok {res['fetches_ok']} "
                   f"typed {res['fetches_failed_typed']} untyped {res['fetches_failed_untyped']} torn {res['torn']} "
-                  f"lost {res['lost']} failover max {res['failover_fetch_seconds_max']} s (re-registered "
-                  f"{res['failover_seconds_max']} s) {res['seconds']:.0f} s load {res['load'][0]:.1f} "
+                  f"lost {res['lost']} failover max {res['failover_fetch_seconds_max']} s (hub listening "
+                  f"{res['restart_seconds_max']} s, then fetch {res['after_listen_seconds_max']} s; all "
+                  f"re-registered {res['failover_seconds_max']} s) {res['seconds']:.0f} s load {res['load'][0]:.1f} "
                   f"errors {res['errors']}", flush=True)
             if a.json:  # after every seed: a long sweep cut short keeps what it measured
                 with open(a.json, "w") as f:
@@ -265,6 +275,7 @@ def main(argv: list[str]) -> int:
         for k in ("kills", "hub_kills", "reader_kills", "notice_leaves", "seed_kills", "fetches_ok",
                   "fetches_failed_typed", "fetches_failed_untyped", "torn", "lost", "publishes",
                   "failover_seconds_max", "failover_seconds_median", "failover_fetch_seconds_max",
+                  "restart_seconds_max", "after_listen_seconds_max",
                   "fetch_seconds_max", "seconds"):
             v = res[k]
             print(f"{k:26s} {v:.2f}" if isinstance(v, float) else f"{k:26s} {v}")

@@ -143,11 +143,11 @@ def test_an_aborted_relay_is_drained_before_its_buffers_are_reused(hub, make_cli
     a = {"w": torch.empty(8192)}
     real = relay._pull_all
 
-    def fails_after_four_units(sources, dest, per_source, used):
+    def fails_after_four_units(sources, dest, *args, **kw):
         t0 = time.monotonic()
         while dest.readers == 0 and time.monotonic() - t0 < 30:  # the downstream reader is on us
             time.sleep(0.01)
-        real([dict(s, units=s["units"][:4]) for s in sources], dest, per_source, used)
+        real([dict(s, units=s["units"][:4]) for s in sources], dest, *args, **kw)
         return [], [E.BufferMismatchError("injected: a fatal error after four units")]
 
     relay._pull_all = fails_after_four_units
