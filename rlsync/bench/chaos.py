@@ -111,8 +111,6 @@ def run_chaos(kills: int = 30, hub_kills: int = 2, seed: int = 0, readers: int =
     t_start = time.monotonic()
     probe = None
     try:
-        # The first cluster's processes import at once (trainer, seed worker, readers), not one by one.
-        spares.extend(WorkerProcess(address, token, cfg, name=f"spare-{i}") for i in range(readers + 2))
         trainer = spawn("trainer", host="trainer")
         trainer.call("publish_loop", model="policy", size_mb=size_mb, period_s=period_s)
         seed_w = spawn("seed", host="seedhost", role="seed", follow=True)
