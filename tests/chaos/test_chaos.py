@@ -4,7 +4,7 @@ import pytest
 
 from rlsync.bench.chaos import run_chaos, total
 
-SEEDS = [1, 2, 3, 4, 5]
+SEEDS = [1, 2, 3]  # the suite's time budget (< 15 min); the full sweep: python -m rlsync.bench chaos --seeds 10
 
 
 @pytest.mark.timeout(900)
@@ -23,4 +23,4 @@ def test_chaos_sweep_nothing_torn_lost_or_untyped():
         assert len(r["failover_fetch_seconds"]) == r["hub_kills"], (r["seed"], r["error_samples"])
         # every fetch finished (or failed typed) within its deadlines: io 3 s × replans, hub 20 s
         assert r["fetch_seconds_max"] < 60, r
-    assert tot["kills"] >= 50 and tot["hub_kills"] >= 20, tot
+    assert tot["kills"] >= 30 and tot["hub_kills"] >= 12, tot
