@@ -2,7 +2,7 @@
 
 Reads `RUN_DIR/metrics.jsonl` (JsonlLogger) and `RUN_DIR/trace.json` (TraceWriter), writes to
 `RUN_DIR/report/`: `stall_by_cause.png` (stall per step stacked by cause), `idle_ratio.png`,
-`reward.png`, `eval.png` (held-out greedy eval, `eval/*`), `sync.png` (GB/s per step), `timeline.png` (every worker's states over time) and
+`reward.png`, `eval.png` (held-out greedy eval, `eval/*`, when the run has one), `sync.png` (GB/s per step), `timeline.png` (every worker's states over time) and
 `index.html`, which embeds the PNGs inline so the page is one file you can send. Plots whose data
 is absent are skipped and named on the page.
 """
@@ -225,12 +225,14 @@ def build_report(run_dir: str | Path) -> Path:
                                            "Idle ratio (non-productive / observed)", "ratio",
                                            out / "idle_ratio.png", ylim=(0, 1.05))),
         ("Reward", plot_lines(rows, reward_keys(rows), "Reward", "reward", out / "reward.png")),
-        ("Held-out eval (greedy)", plot_lines(rows, ["eval/reward_mean", "eval/accuracy"], "Held-out eval (greedy)",
-                                              "eval", out / "eval.png", ylim=(0, 1.05))),
         ("Sync throughput", plot_lines(rows, ["sync/gbps"], "Weight sync throughput (sync/gbps)", "GB/s",
                                        out / "sync.png", ylim=(0, None))),
         ("Worker timeline", plot_timeline(trace, out / "timeline.png") if trace else None),
     ]
+    if any(k.startswith("eval/") for r in rows for k in r):  # only runs with `eval.every` > 0 have one
+        plots.insert(3, ("Held-out eval (greedy)", plot_lines(rows, ["eval/reward_mean", "eval/accuracy"],
+                                                              "Held-out eval (greedy)", "eval", out / "eval.png",
+                                                              ylim=(0, 1.05))))
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
         f"<title>rlsync report: {html.escape(run_dir.name)}</title>",

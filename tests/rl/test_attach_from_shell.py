@@ -58,7 +58,10 @@ def _steps_with(run_dir, key):
 
 
 @pytest.mark.timeout(600)  # a job start-up (~40 s idle) and four CLI calls (~5 s each); minutes when shared
-@pytest.mark.parametrize("auth", ["token", "disabled"])
+@pytest.mark.parametrize("auth", ["token", pytest.param("disabled", marks=pytest.mark.skipif(
+    not os.environ.get("RLSYNC_SLOW_TESTS"),
+    reason="a second job start-up (~130 s) does not fit the suite's 15-minute budget, and in CI on 2026-11-23 "
+           "its Ctrl-C wind-down once took over 120 s (open); run it with RLSYNC_SLOW_TESTS=1"))])
 def test_pool_attaches_from_another_shell_to_a_job_started_as_a_process(tmp_path, auth):
     run_dir, cli_home = tmp_path / "run", tmp_path / "cli_home"
     extra = {} if auth == "token" else {"RAY_AUTH_MODE": "disabled"}  # "token": Ray's default, unset
