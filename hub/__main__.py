@@ -16,6 +16,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--token-file", required=True, help="shared RPC token; created (0600) if missing")
     s.add_argument("--journal", required=True, help="SQLite journal of committed versions")
     s.add_argument("--worker-timeout", type=float, default=15.0, help="expire workers silent this long (s)")
+    s.add_argument("--reregister-grace", type=float, default=5.0,
+                   help="after a restart or an expiry, fetches finding no holder wait this long for workers to "
+                        "re-register before the hub answers lost / not retained (s)")
     sd = sub.add_parser("seed", help="run a seed worker: takes hand-offs from leaving workers (and follows latest)")
     sd.add_argument("--address", required=True, help="hub address, e.g. tcp://127.0.0.1:5555")
     sd.add_argument("--token-file", required=True)
@@ -38,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
         setup_logging()
         from .server import serve_main
         from .state import HubConfig
-        serve_main(a.host, a.port, a.token_file, a.journal, HubConfig(worker_timeout_s=a.worker_timeout))
+        serve_main(a.host, a.port, a.token_file, a.journal, HubConfig(worker_timeout_s=a.worker_timeout,
+                                                                    reregister_grace_s=a.reregister_grace))
         return 0
     if a.cmd == "seed":
         setup_logging()

@@ -1,6 +1,6 @@
 """Worker processes driven over a pipe: used by `python -m rlsync.hub demo` and the hub's tests.
 
-Each `WorkerProcess` is a real OS process (spawned) with its own `HubClient`, data-plane server
+Each `WorkerProcess` is a real OS process (forked from a fork server that imported torch) with its own `HubClient`, data-plane server
 and tensors. The parent sends it commands (join, publish, fetch, release, overwrite, ...) and gets
 plain-data answers (digests of tensor bytes, who served what), so tests can check bit-for-bit
 equality across processes without shipping weights back.
@@ -49,11 +49,12 @@ def _worker_main(conn, address: str, token: str, client_cfg) -> None:
     results: dict[str, object] = {}
 
     loop: dict = {"results": []}
-    loop_lock = threading.Lock()
+    loop_lock = threading.Condition()
 
     def record(entry: dict) -> None:
         with loop_lock:
             loop["results"].append(entry)
+            loop_lock.notify_all()
 
     def fetch_loop(kw: dict) -> None:
         """Fetch `latest` again and again into the same buffers (each fetch releases the last)."""
@@ -137,6 +138,23 @@ def _worker_main(conn, address: str, token: str, client_cfg) -> None:
             with loop_lock:
                 out, loop["results"][:] = list(loop["results"]), []
             return out
+        if cmd == "wait_results":  # block until the loop recorded >= n results not yet collected
+            end = time.monotonic() + kw.get("within", 60.0)
+            with loop_lock:
+                while len(loop["results"]) < kw["n"] and (left := end - time.monotonic()) > 0:
+                    loop_lock.wait(left)
+                return len(loop["results"])
+        if cmd == "joins":  # how many times this client re-joined the hub (restart, expiry)
+            return client._joins
+        if cmd == "wait_rejoin":
+            # Block until the client re-joined (and re-registered what it holds) more than `after`
+            # times; returns when it finished (time.monotonic(): one clock for every process here).
+            end = time.monotonic() + kw.get("within", 60.0)
+            while client._joins <= kw["after"]:
+                if time.monotonic() > end:
+                    return None
+                time.sleep(0.002)  # polls a counter the heartbeat thread bumps; the time comes from it
+            return getattr(client, "rejoined_at", None) or time.monotonic()
         if cmd == "stop_loop":
             if "stop" in loop:
                 loop["stop"].set()
@@ -195,9 +213,26 @@ class WorkerError(Exception):
         self.kind, self.message, self.tb = kind, message, tb
 
 
+_PRELOAD = ["__main__", "torch", "rlsync.hub.client", "rlsync.hub.procs"]  # __main__: not re-run per worker
+_ctx = None
+
+
+def _context():
+    """Workers fork from a server process that imported torch and the hub client once: a new worker
+    starts in tens of milliseconds instead of a fresh interpreter's seconds of imports (the chaos
+    bench replaces hundreds of killed workers; a loaded machine made each start take 5-70 s). The
+    fork server is started once per parent process, with the parent's environment at that time."""
+    global _ctx
+    if _ctx is None:
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(_PRELOAD)
+        _ctx = ctx
+    return _ctx
+
+
 class WorkerProcess:
     def __init__(self, address: str, token: str, client_cfg=None, name: str = "worker") -> None:
-        ctx = mp.get_context("spawn")
+        ctx = _context()
         self._conn, child = ctx.Pipe()
         self.name = name
         self.proc = ctx.Process(target=_worker_main, args=(child, address, token, client_cfg),

@@ -19,6 +19,7 @@ import time
 
 import msgpack
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from .errors import AuthError, HubUnavailableError, InvalidArgumentError, ProtocolError, error_from_code
 from .wire_args import check_args
@@ -78,6 +79,7 @@ class RpcChannel:
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._sock = None
+        self._mon = None
         self.answered = False
         """Whether the hub at `address` ever answered this channel."""
         self.retried = False
@@ -91,13 +93,28 @@ class RpcChannel:
             s = self._ctx.socket(zmq.DEALER)
             s.setsockopt(zmq.LINGER, 0)
             s.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+            s.setsockopt(zmq.RECONNECT_IVL, 50)
+            # Tells a call waiting for its answer that the connection to the hub dropped: the request
+            # went with the hub (restart, kill -9), so it is sent again at once instead of waiting out
+            # its try (seconds: a release's answer, or any call in flight when the hub died).
+            self._mon = s.get_monitor_socket(zmq.EVENT_DISCONNECTED)
             try:
                 s.connect(self.address)
             except zmq.ZMQError as e:
-                s.close(0)
+                self._close_socket(s)
                 raise InvalidArgumentError(f"bad hub address {self.address!r} ({e}); expected tcp://host:port") from None
             self._sock = s
         return self._sock
+
+    def _close_socket(self, s) -> None:
+        try:
+            s.disable_monitor()
+        except zmq.ZMQError:
+            pass
+        if self._mon is not None:
+            self._mon.close(0)
+            self._mon = None
+        s.close(0)
 
     def call(self, op: str, *, attempt_s: float | None = None, deadline_s: float | None = None, **args):
         """Call `op` on the hub; retry with backoff while it is unreachable, up to `deadline_s`.
@@ -131,17 +148,33 @@ class RpcChannel:
 
     def _call_once(self, op: str, timeout: float, args: dict):
         with self._lock:
-            rid = next(self._ids)
             sock = self._socket()
+            mon = self._mon
+            while mon.poll(0):  # drops seen before this call: what was lost then was answered or retried
+                recv_monitor_message(mon)
+            rid = next(self._ids)
             sock.send_multipart([b"", pack({"id": rid, "op": op, "token": self.token, "args": args})])
+            poller = zmq.Poller()
+            poller.register(sock, zmq.POLLIN)
+            poller.register(mon, zmq.POLLIN)
             deadline = time.monotonic() + timeout
             while True:
                 wait = max(0.0, deadline - time.monotonic())
-                if not sock.poll(int(wait * 1000)):
+                ready = dict(poller.poll(int(wait * 1000)))
+                if not ready:
                     # Drop the socket: a late reply must not be read as the answer to the next call.
-                    sock.close(0)
+                    self._close_socket(sock)
                     self._sock = None
                     raise HubUnavailableError(f"hub at {self.address} did not answer {op!r} within {timeout:.1f}s")
+                if mon in ready:
+                    if recv_monitor_message(mon)["event"] == zmq.EVENT_DISCONNECTED and self.answered:
+                        # The hub went while it had our request: send it again now; ZeroMQ delivers it
+                        # the moment a hub listens there again. (It may reach a hub twice: every
+                        # operation tolerates that, as for any retry.)
+                        self.retried = True
+                        rid = next(self._ids)
+                        sock.send_multipart([b"", pack({"id": rid, "op": op, "token": self.token, "args": args})])
+                    continue
                 frames = sock.recv_multipart()
                 msg = unpack(frames[-1])
                 if not isinstance(msg, dict):
@@ -157,5 +190,5 @@ class RpcChannel:
     def close(self) -> None:
         with self._lock:
             if self._sock is not None:
-                self._sock.close(0)
+                self._close_socket(self._sock)
                 self._sock = None

@@ -94,7 +94,7 @@ class HubServer:
                     self._flush_releases()
                     self._retry_parked()
                 if time.monotonic() >= next_tick:
-                    self.state.expire()
+                    self._expire()
                     self._flush_releases()
                     self._retry_parked()
                     next_tick = time.monotonic() + TICK_S
@@ -166,6 +166,14 @@ class HubServer:
         except Exception as e:  # never let one request kill the hub (a bug: check_args let it through)
             log.exception("hub: internal error")
             self._reply(ident, rid, False, ["hub_error", f"internal error: {type(e).__name__}: {e}"])
+
+    def _expire(self) -> None:
+        """Expire silent workers. One that held a full replica may only have been slow (a stalled or
+        overloaded machine): for `reregister_grace_s` a fetch that finds no holder waits (parked) for
+        it to re-join and re-register, as after a restart, before the hub answers lost."""
+        holders = {r.worker for r in self.state.replicas.values() if r.full}
+        if holders.intersection(self.state.expire()):
+            self._grace_until = max(self._grace_until, time.monotonic() + self.cfg.reregister_grace_s)
 
     def _retry_parked(self) -> None:
         """Plan parked fetches again: a holder may have re-registered, or the grace ran out (then the

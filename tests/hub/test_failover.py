@@ -1,6 +1,8 @@
 """A version is never reported lost or not-retained while a live replica exists: sources dying a few
 milliseconds into a fetch, a hub restart (replicas re-register; fetches wait for them), and a fetch
 the hub forgot across a restart or re-join. Real processes, kill -9."""
+import os
+import signal
 import time
 
 import pytest
@@ -136,3 +138,63 @@ def test_registering_a_replica_the_hub_still_sees_as_a_fetch_completes_it():
     s.register_replica(r, "p", 1, Shard(), "live", m)
     assert not s.fetches
     assert s.release(r, "p", 1, Shard()) == DONE
+
+
+def test_a_release_in_flight_when_the_hub_dies_is_sent_again_at_once(tmp_path, procs, wait_until):
+    """The trainer's release of `latest` waits for a relay (no answer yet) when the hub goes. Its copy is
+    the only full one, and a re-join skips replicas being released (their release re-registers them
+    itself). The release must notice at once that its request died with the hub and send it again: if it
+    waited out its 5 s try, a fetch on the restarted hub outlived the re-registration grace and was
+    told 'lost' while the trainer held the version (issue 18; seed 3 of the chaos sweep)."""
+    port = free_port()
+    kw = dict(port=port, journal=str(tmp_path / "journal.db"), token="t" * 48,
+              config=HubConfig(reregister_grace_s=1.0))
+    hub = start_embedded_hub(**kw)
+    try:
+        trainer = procs(hub.address, hub.token, "trainer", slow_s=0.3)  # 16 units: a relay takes ~5 s
+        relay = procs(hub.address, hub.token, "relay")
+        trainer.join(host="t")
+        relay.join(host="a")
+        pub = trainer.call("publish", model="policy", version=1, size_mb=16, seed=3)
+        fetching = relay.start("fetch", model="policy")
+        wait_until(lambda: reading_from(trainer), what="the relay reading from the trainer")
+        releasing = trainer.start("release", model="policy", version=1)  # waits for the relay: pending
+        wait_until(lambda: hub.server._waiting, what="the release pending on the hub")
+        hub.stop()                                  # the pending release's answer never comes
+        hub = start_embedded_hub(**kw)              # same address, same journal
+        reader = HubClient(hub.address, hub.token, config=ClientConfig(hub_deadline_s=30.0))
+        reader.join(Location(host="r"))
+        got = reader.fetch("policy", 1)             # only the trainer holds v1 in full until the relay ends
+        assert got.version == 1 and got.bytes_by_source.get(trainer.wid, 0) > 0, got.bytes_by_source
+        reader.leave()
+        assert relay.wait(fetching)["digest"] == pub["digest"]
+        trainer.wait(releasing)
+    finally:
+        hub.stop()
+
+
+def test_a_holder_expired_while_stalled_serves_the_fetch_that_waited_for_it(procs, wait_until):
+    """The trainer stalls past the worker timeout (SIGSTOP: a process starved on a loaded machine) and
+    the hub expires it with its replicas. A fetch of its version then waits (the re-registration grace)
+    instead of hearing 'lost'; once the trainer runs again it re-joins, re-registers and serves it."""
+    with start_embedded_hub(config=HubConfig(worker_timeout_s=1.0, reregister_grace_s=60.0)) as hub:
+        trainer = procs(hub.address, hub.token, "trainer", heartbeat_s=0.2)
+        reader = procs(hub.address, hub.token, "reader", heartbeat_s=0.2)
+        trainer.join(host="t")
+        reader.join(host="r")
+        pub = trainer.call("publish", model="policy", version=1, size_mb=2, seed=1)
+        os.kill(trainer.proc.pid, signal.SIGSTOP)
+        try:
+            wait_until(lambda: trainer.wid not in hub.server.state.workers, what="the hub expiring the trainer")
+            tag = reader.start("fetch", model="policy", version=1)
+            wait_until(lambda: hub.server._parked, what="the fetch waiting for a holder (not told 'lost')")
+        finally:
+            os.kill(trainer.proc.pid, signal.SIGCONT)
+        got = reader.wait(tag)
+        assert got["version"] == 1 and got["digest"] == pub["digest"]
+        assert got["bytes_by_source"] == {trainer.wid: got["nbytes"]}
+
+
+def reading_from(w) -> bool:
+    """Some reader is being served by worker `w` right now."""
+    return any(x["readers"] for x in w.call("served").values())
