@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rlsync.hub import ClientConfig, HubClient, Location, ManifestConfig
-from rlsync.hub import client as client_mod
+from rlsync.hub import client_fetch as client_mod  # the module whose fetch reads from sources
 from rlsync.hub import errors as E
 from rlsync.hub.server import start_embedded_hub
 

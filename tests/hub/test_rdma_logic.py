@@ -286,7 +286,7 @@ def test_fallback_decisions():
 def test_fetch_from_a_peer_advertising_rdma_falls_back_to_tcp(make_client, monkeypatch):
     """A real hub, publisher and reader on two 'hosts': the publisher advertises rdma; this reader
     cannot run it, so the fetch goes over TCP and says so."""
-    import rlsync.hub.client as client_mod
+    import rlsync.hub.client_session as client_mod  # join() advertises the transports
     real = client_mod.available_transports
     monkeypatch.setattr(client_mod, "available_transports", lambda: real() + ["rdma"])
     pub = make_client(host="a", name="trainer")

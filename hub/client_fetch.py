@@ -1,0 +1,269 @@
+"""HubClient's fetch protocol: ask the hub for a plan, serve the fetch as a relay at once, pull every
+source's units in parallel over the data plane (verified per unit), re-plan around failed sources,
+and tell the hub the outcome.
+
+A mixin of `HubClient` (hub/client.py). `FetchResult` is defined here and re-exported by hub/client.py.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from . import errors as E
+from .dataplane import read_from_source
+from .manifest import Manifest, allocate, dtype_name
+from .shard import Shard
+from .store import LocalReplica
+from .transports import choose_transport
+from .transports import cuda
+from .wire_args import check_coords as _check_coords, check_value
+
+log = logging.getLogger("rlsync.hub.client")  # one logger for the whole client (log set-up names it)
+
+
+@dataclass(slots=True)
+class FetchResult:
+    version: int
+    """The version fetched (resolved from 'latest' or a reader group's pin)."""
+    tensors: dict[str, torch.Tensor]
+    """The fetched tensors (the `into` buffers when given)."""
+    bytes_by_source: dict[str, int]
+    """Worker id -> bytes it served to this fetch."""
+    transports: dict[str, str]
+    """Worker id -> transport used."""
+    seconds: float
+    nbytes: int
+    manifest: Manifest | None = None
+    """The version's manifest (tensor list, units, unit checksums): lets a consumer re-check bytes."""
+
+    @property
+    def gbps(self) -> float:
+        return self.nbytes * 8 / 1e9 / self.seconds if self.seconds > 0 else 0.0
+
+
+def _check_tensors(tensors: dict, what: str) -> None:
+    if not isinstance(tensors, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                                for k, v in tensors.items()):
+        raise E.BufferMismatchError(f"{what} must be a dict of str -> torch.Tensor")
+    cuda.check_tensors(tensors, what)  # host tensors; CUDA tensors where CUDA is usable
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    return t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+
+
+def _overlaps(xs, ys) -> bool:
+    """Do any of tensors `xs` share bytes with any of tensors `ys`?"""
+    spans = [_span(t) for t in ys if t.numel()]
+    return any(a < e and s < b for t in xs if t.numel() for a, b in [_span(t)] for s, e in spans)
+
+
+class Fetching:
+    """Fetch (plan, pull, re-plan, finish), already-held fetches, buffer overlap releases."""
+
+    def fetch(self, model: str, version: int | str = "latest", into: dict[str, torch.Tensor] | None = None,
+              shard: Shard = Shard(), group: tuple[str, int] | None = None,
+              on_unit: Callable[[Manifest, int], None] | None = None) -> FetchResult:
+        """Pull (model, version, shard) from peers per the hub's plan; verify every unit.
+
+        `version` is 'latest' or a committed version number; `group=(name, size)` pins a reader group
+        (e.g. the TP ranks of one inference engine) to one version across its members. Afterwards
+        this worker is a full replica and serves the version to others until it releases it.
+        `on_unit(manifest, u)` is called from transfer threads once unit `u` has landed and verified
+        (to consume tensors while the rest still arrive); a fetch of a version already held calls it
+        for no unit.
+        """
+        wid = self._need_join()
+        _check_coords("fetch", model, version, shard)
+        if group is not None:
+            check_value("fetch", "group", group)
+        spec = None
+        if into is not None:
+            _check_tensors(into, "into")
+            spec = [[n, dtype_name(t.dtype), list(t.shape)] for n, t in into.items()]
+        t0 = time.monotonic()
+        plan = self._call("fetch", wid=wid, model=model, version=version, shard=shard.to_wire(),
+                              group=list(group) if group else None, into_spec=spec)
+        fid, ver = plan["fetch_id"], plan["version"]
+        if plan.get("held"):
+            got = self._already_held(model, ver, shard, into, t0)
+            if got is not None:
+                return got
+            plan = self._call("fetch", wid=wid, model=model, version=ver, shard=shard.to_wire(),
+                              group=list(group) if group else None, into_spec=spec)
+            fid = plan["fetch_id"]
+            if plan.get("held"):
+                raise E.ProtocolError(f"the hub still lists {model!r} v{ver} {shard.key} as held here")
+        rid = f"{wid}:{model}:{ver}:{shard.key}:live"
+        try:
+            manifest = Manifest.from_wire(plan["manifest"])
+            if into is not None:
+                cuda.check_into(manifest, into)
+            dest_tensors = dict(into) if into is not None else allocate(manifest)
+            dest = cuda.make_replica(rid, manifest, dest_tensors, full=False)
+            # The hub already advertises this relay: serve it at once (no unit is present yet, so
+            # its readers wait on the condition variable), then release whatever version these
+            # buffers held before writing into them (the mutability contract).
+            self.store.add(dest)
+            if into is not None:
+                self._release_overlapping(into)
+        except BaseException as e:
+            if self.store.get(rid) is not None:
+                self.store.get(rid).fail(f"fetch refused: {e}")  # readers planned on the relay stop waiting
+            self.store.remove(rid)
+            self._fetch_done(fid, ok=False)
+            raise
+        per_source: dict[str, int] = {}
+        used: dict[str, str] = {}
+        sources, attempts = plan["sources"], 0
+        try:
+            while True:
+                failed, errors = self._pull_all(sources, dest, per_source, used, on_unit)
+                missing = [u for u in range(len(manifest.units)) if not dest.present[u]]
+                if not missing:
+                    break
+                fatal = [e for e in errors if not isinstance(e, (E.TransferError, E.TicketError, E.ProtocolError))]
+                attempts += 1
+                if fatal or attempts > self.cfg.replan_attempts or not failed:
+                    self._abort_fetch(dest, fid, errors[0] if errors else
+                                      E.ProtocolError("fetch plan did not cover every unit"))
+                log.warning("fetch %s: %d sources failed (%s); re-planning %d units", fid, len(failed),
+                            errors[0] if errors else "", len(missing))
+                try:
+                    try:
+                        sources = self._call("replan", wid=wid, fetch_id=fid, failed=failed, units=missing)["sources"]
+                    except E.UnknownFetchError:
+                        # The hub restarted (or expired us) since it planned this fetch: plan it anew. The
+                        # units already here stay; only missing ones are pulled (from whoever holds them now).
+                        plan = self._call("fetch", wid=wid, model=model, version=ver, shard=shard.to_wire(),
+                                          group=None, into_spec=spec)
+                        if plan.get("held"):
+                            raise E.ProtocolError(f"the hub lists {model!r} v{ver} {shard.key} as held here "
+                                                  "while this worker is still fetching it") from None
+                        fid, sources = plan["fetch_id"], plan["sources"]
+                except E.HubError as e:
+                    self._abort_fetch(dest, fid, e)
+        except E.HubError:
+            raise  # _abort_fetch already failed the relay and told the hub
+        except Exception as e:  # a bug, not a peer: still fail the relay so its readers do not wait
+            log.exception("fetch %s failed unexpectedly", fid)
+            self._abort_fetch(dest, fid, e)
+        self._fetch_done(fid, ok=True, rep=dest, model=model, version=ver, shard=shard)
+        self._held[rid] = (model, ver, shard, "live")
+        secs = time.monotonic() - t0
+        result = FetchResult(ver, dest_tensors, per_source, used, secs, manifest.nbytes, manifest)
+        if self.on_fetch is not None:
+            self.on_fetch(result)
+        return result
+
+    def _already_held(self, model: str, ver: int, shard: Shard, into, t0: float) -> FetchResult | None:
+        """This worker already holds (model, ver, shard): no transfer. Copy into `into` if it is
+        other memory (that copy is private: it is not registered as a replica).
+
+        Whatever replica lived in `into` before is released first, as for a transfer: those buffers
+        are about to hold `ver`, so neither this client nor the hub may keep them as another version.
+        Returns None if the hub's record is stale (we hold no such replica here): the caller re-plans.
+        """
+        rid = f"{self.worker_id}:{model}:{ver}:{shard.key}:live"
+        rep = self.store.get(rid)
+        if rep is None or rid not in self._held:
+            self._forget_stale(model, ver, shard)
+            return None
+        held = getattr(rep, "device_tensors", rep.tensors)
+        if into is None:
+            out = held
+        else:
+            same = all(t.data_ptr() == held[name].data_ptr() for name, t in into.items())
+            if not same:
+                if _overlaps(held.values(), into.values()):
+                    raise E.BufferMismatchError(f"into overlaps the buffers that hold {model!r} v{ver} "
+                                                "without being them: pass those buffers or separate memory")
+                self._release_overlapping(into)
+                for name, t in into.items():
+                    t.copy_(held[name])
+            out = dict(into)
+        return FetchResult(ver, out, {}, {}, time.monotonic() - t0, 0, rep.manifest)
+
+    def _forget_stale(self, model: str, version: int, shard: Shard) -> None:
+        """The hub lists a replica as ours that this client does not hold: make the hub drop it."""
+        log.warning("hub listed %s v%d %s as held here, but it is not: releasing the stale record",
+                    model, version, shard.key)
+        try:
+            self._call("release", wid=self.worker_id, model=model, version=version,
+                       shard=shard.to_wire(), slot="live")
+        except E.NotAReplicaError:
+            pass
+
+    def _pull_all(self, sources: list[dict], dest: LocalReplica, per_source: dict, used: dict, on_unit=None):
+        """Pull every source's units in parallel; returns (failed replica ids, errors)."""
+        failed: list[str] = []
+        errors: list[BaseException] = []
+
+        def pull(src: dict) -> None:
+            units = [u for u in src["units"] if not dest.present[u]]
+            lock = threading.Lock()
+            per_source.setdefault(src["worker"], 0)
+
+            def landed(u: int) -> None:  # count units as they verify, so a failed source's part counts
+                with lock:
+                    per_source[src["worker"]] += dest.manifest.units[u].nbytes
+                if on_unit is not None:
+                    on_unit(dest.manifest, u)
+
+            try:
+                transport = choose_transport(self._endpoint, src["endpoint"], self.cfg.transport)
+                used[src["worker"]] = transport.name
+                read_from_source(transport, src["endpoint"], src["ticket"], src["replica"], units, dest,
+                                 self.cfg.dataplane.io_timeout_s, on_unit=landed, streams=self.cfg.dataplane.streams,
+                                 reader=self._reader_key)
+            except BaseException as e:  # noqa: BLE001 - reported to the caller's thread
+                failed.append(src["replica"])
+                errors.append(e)
+
+        threads = [threading.Thread(target=pull, args=(s,), daemon=True) for s in sources[1:]]
+        for t in threads:
+            t.start()
+        if sources:
+            pull(sources[0])
+        for t in threads:
+            t.join()
+        return failed, errors
+
+    def _abort_fetch(self, dest: LocalReplica, fid: str, err: BaseException):
+        dest.fail(str(err))  # downstream readers of this relay stop waiting and re-plan
+        self.store.remove(dest.id)
+        self._fetch_done(fid, ok=False)
+        # Downstream readers may still be reading units that were present. The caller may reuse
+        # `into` at once (a retry): its bytes must not change under those reads (mutability contract).
+        if not dest.wait_drained(self.cfg.dataplane.io_timeout_s):
+            log.warning("aborted fetch %s: a downstream read did not finish within %.0fs", fid,
+                        self.cfg.dataplane.io_timeout_s)
+        raise err if isinstance(err, E.HubError) else E.TransferError(f"fetch failed: {err}")
+
+    def _fetch_done(self, fid: str, ok: bool, rep: LocalReplica | None = None, model: str = "",
+                    version: int = 0, shard: Shard = Shard()) -> None:
+        try:
+            self._call("fetch_done", wid=self.worker_id, fetch_id=fid, ok=ok)
+        except E.ProtocolError:
+            if ok and rep is not None:
+                # The hub restarted while we fetched (it forgot the fetch): announce the replica.
+                try:
+                    self._call("register", wid=self.worker_id, model=model, version=version,
+                                   shard=shard.to_wire(), slot="live", manifest=rep.manifest.to_wire())
+                except E.HubError as e:
+                    log.warning("register after fetch %s failed: %s", fid, e)
+        except E.HubError as e:
+            log.warning("fetch_done(%s) failed: %s", fid, e)
+
+    def _release_overlapping(self, into: dict[str, torch.Tensor]) -> None:
+        for rid, (_, _, _, slot) in list(self._held.items()):
+            rep = self.store.get(rid)
+            if slot != "live" or rep is None:
+                continue
+            if _overlaps(getattr(rep, "device_tensors", rep.tensors).values(), into.values()):
+                self._release(rid)

@@ -1,0 +1,167 @@
+"""HubClient's publish and release protocol: register live tensors as a version (no copy), and give
+them back: drive a release to the end, re-registering after a hub restart and offload-seeding a
+host copy when retention says the last replica of a retained version must not go.
+
+A mixin of `HubClient` (hub/client.py).
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from . import errors as E
+from .client_fetch import _check_tensors
+from .manifest import build_manifest
+from .shard import Shard
+from .store import LocalReplica
+from .transports import cuda
+from .wire_args import check_coords as _check_coords
+
+log = logging.getLogger("rlsync.hub.client")  # one logger for the whole client (log set-up names it)
+
+
+class Publishing:
+    """Publish and release (with offload-seeding and re-registration)."""
+
+    def publish(self, model: str, version: int, tensors: dict[str, torch.Tensor],
+                shard: Shard = Shard()) -> bool:
+        """Register live `tensors` as version `version` of `model` (this shard). No copy.
+
+        Returns True when this publish completed the version's shard group (it is now `latest`).
+        The tensors must not change until `release(model, version, shard)` returns.
+        """
+        wid = self._need_join()
+        _check_coords("publish", model, version, shard)
+        _check_tensors(tensors, "tensors")
+        rid = f"{wid}:{model}:{version}:{shard.key}:live"
+        if rid in self._held:
+            raise E.VersionError(f"{model!r} v{version} {shard.key} already published by this worker")
+        if any(t.device.type == "cuda" for t in tensors.values()):
+            local = cuda.DeviceReplica.for_publish(rid, tensors, self.cfg.manifest)  # pinned host mirror
+        else:
+            local = LocalReplica(rid, build_manifest(tensors, self.cfg.manifest), dict(tensors), full=True)
+        manifest = local.manifest
+        self.store.add(local)
+        try:
+            r = self._call("publish", wid=wid, model=model, version=version, shard=shard.to_wire(),
+                               manifest=manifest.to_wire())
+            committed = bool(r["committed"])
+        except E.VersionError:
+            # A retried publish whose first try did land (and committed) before the hub answered.
+            committed = self._already_committed(model, version, shard, manifest) if self._rpc.retried else None
+            if committed is None:
+                self.store.remove(rid)
+                raise
+        except Exception:
+            self.store.remove(rid)
+            raise
+        self._held[rid] = (model, version, shard, "live")
+        return committed
+
+    def _already_committed(self, model, version, shard, manifest) -> bool | None:
+        try:
+            self._call("register", wid=self.worker_id, model=model, version=version, shard=shard.to_wire(),
+                           slot="live", manifest=manifest.to_wire())
+            return True
+        except E.HubError:
+            return None
+
+    def release(self, model: str, version: int, shard: Shard = Shard()) -> None:
+        """Give back this worker's replica of (model, version, shard); afterwards its buffers are yours.
+
+        Returns only when the hub routes no read to it and in-flight reads have drained. If it is the
+        last full replica of a retained version, the retention policy runs first (wait for a relay,
+        or offload-seed a host copy this worker keeps serving until the hub drops it).
+        """
+        wid = self._need_join()
+        _check_coords("release", model, version, shard)
+        rid = f"{wid}:{model}:{version}:{shard.key}:live"
+        if rid not in self._held:
+            raise E.NotAReplicaError(f"this worker holds no replica of {model!r} v{version} {shard.key}")
+        self._release(rid)
+
+    def _release(self, rid: str) -> None:
+        deadline = None if self.cfg.release_timeout_s is None else time.monotonic() + self.cfg.release_timeout_s
+        self._release_loop(rid, handoff=False, deadline=deadline)
+
+    def _release_loop(self, rid: str, handoff: bool, deadline: float | None) -> str:
+        """Drive a release to the end; returns 'done', or 'seed' when a hand-off found no taker."""
+        with self._rejoin_lock:  # a re-join in progress finishes first; later ones skip this replica
+            self._releasing.add(rid)
+        try:
+            return self._release_steps(rid, handoff, deadline)
+        finally:
+            self._releasing.discard(rid)
+
+    def _release_steps(self, rid: str, handoff: bool, deadline: float | None) -> str:
+        model, version, shard, slot = self._held[rid]
+        t0, sent, reregistered = time.monotonic(), False, 0
+        while True:
+            if deadline is not None and time.monotonic() > deadline:
+                raise E.TimeoutError_(f"release of {model!r} v{version} {shard.key} did not finish in time "
+                                      "(readers still draining); its buffers must not change yet")
+            try:
+                # A pending release is answered when readers drain: poll in short tries, and ping
+                # between them so a dead hub surfaces as HubUnavailableError after hub_deadline_s.
+                outcome = self._call("release", attempt_s=5.0, deadline_s=0.0, wid=self.worker_id, model=model,
+                                         version=version, shard=shard.to_wire(), slot=slot, handoff=handoff)
+            except E.HubUnavailableError:
+                self._rpc.call("ping")
+                sent = True
+                continue
+            except E.NotAReplicaError:
+                # A restarted hub has not heard of it (a re-join skips replicas being released), or an
+                # earlier try completed and its answer was lost: the buffers are still intact, so
+                # register it again and let this hub's retention decide. Bounded: hubs may restart again.
+                if reregistered < 3 and self._reregister(rid):
+                    reregistered += 1
+                    continue
+                if sent:
+                    outcome = "done"
+                else:
+                    raise
+            if outcome == "done":
+                break
+            if outcome != "seed":
+                raise E.ProtocolError(f"unexpected release outcome {outcome!r}")
+            if handoff:
+                return "seed"
+            self._offload_seed(rid)
+        rep = self.store.remove(rid)
+        self._held.pop(rid, None)
+        if rep is not None and not rep.wait_drained(self.cfg.dataplane.io_timeout_s):
+            log.warning("release of %s: a local read did not finish within %.0fs", rid,
+                        self.cfg.dataplane.io_timeout_s)
+        log.debug("released %s in %.3fs", rid, time.monotonic() - t0)
+        return "done"
+
+    def _reregister(self, rid: str) -> bool:
+        model, version, shard, slot = self._held[rid]
+        rep = self.store.get(rid)
+        if rep is None or not rep.complete:
+            return False
+        try:
+            self._call("register", wid=self.worker_id, model=model, version=version, shard=shard.to_wire(),
+                       slot=slot, manifest=rep.manifest.to_wire())
+            return True
+        except E.HubError:
+            return False
+
+    def _offload_seed(self, rid: str) -> None:
+        """Copy a replica into host memory this worker's data-plane server keeps serving."""
+        model, version, shard, _ = self._held[rid]
+        rep = self.store.get(rid)
+        seed_rid = rid.rsplit(":", 1)[0] + ":seed"
+        copies = {name: t.detach().clone() for name, t in rep.tensors.items()}
+        self.store.add(LocalReplica(seed_rid, rep.manifest, copies, full=True))
+        try:
+            self._call("register", wid=self.worker_id, model=model, version=version,
+                           shard=shard.to_wire(), slot="seed", manifest=rep.manifest.to_wire())
+        except Exception:
+            self.store.remove(seed_rid)
+            raise
+        self._held[seed_rid] = (model, version, shard, "seed")
+        log.info("offload-seeded %s v%d %s (%.1f MB host copy) to keep it retained",
+                 model, version, shard.key, rep.manifest.nbytes / 1e6)

@@ -1,0 +1,205 @@
+"""HubState's fetch protocol: plan a fetch (sources via the planner), re-plan around failed sources,
+finish it. No I/O; data-plane tickets are issued by the server from the returned `Plan`.
+
+A mixin of `HubState` (hub/state.py).
+"""
+from __future__ import annotations
+
+import logging
+
+from . import errors as E
+from .location import CROSS_DC
+from .manifest import Manifest
+from .planner import Source
+from .shard import Shard
+from .state_records import KEEP_OLD, FetchRec, Pin, Plan, ReplicaRec, WorkerRec
+
+log = logging.getLogger("rlsync.hub.state")
+
+
+class Fetches:
+    """Plan, re-plan and finish fetches; relays are registered as partial replicas."""
+
+    def plan_fetch(self, wid: str, model: str, version: int | str, shard: Shard,
+                   group: tuple[str, int] | None = None, into_spec: list | None = None) -> Plan:
+        reader = self.touch(wid)
+        m = self.model(model)
+        pin = None
+        if group is not None:
+            gname, gsize = group
+            if not isinstance(gsize, int) or gsize < 1:
+                raise E.ShardError(f"reader group size must be >= 1, got {gsize!r}")
+            pin = m.pins.get(gname)
+            if pin is None or shard.key in pin.served or pin.size != gsize:
+                if m.latest is None:
+                    raise E.VersionNotFoundError(f"{model!r} has no committed version yet")
+                pin = Pin(m.latest, gsize)
+            ver = pin.version
+        elif version == "latest":
+            if m.latest is None:
+                raise E.VersionNotFoundError(f"{model!r} has no committed version yet")
+            ver = m.latest
+        elif isinstance(version, int) and not isinstance(version, bool):
+            vr = m.versions.get(version)
+            if vr is None and version < m.forgot_below:
+                raise E.VersionNotRetainedError(f"{model!r} v{version} is no longer retained: the hub keeps the "
+                                                f"newest {self.cfg.retention.retain_last + KEEP_OLD} versions "
+                                                "(and older ones still held or fetched)")
+            if vr is None or not vr.committed:
+                raise E.VersionNotFoundError(f"{model!r} v{version} was never committed "
+                                             f"(latest: {m.latest})")
+            ver = version
+        else:
+            raise E.VersionError(f"version must be 'latest' or an int, got {version!r}")
+        vr = m.versions[ver]
+        if vr.group != shard.group:
+            raise E.ShardError(f"{model!r} v{ver} has group tp×pp={vr.group}; reader asked {shard.group}")
+        manifest = vr.manifests[shard.key]
+        if into_spec is not None:
+            check_into_spec(manifest, into_spec)
+        relay_id = f"{wid}:{model}:{ver}:{shard.key}:live"
+        stale = None
+        if relay_id in self.replicas:
+            stale = next((f.id for f in self.fetches.values() if f.relay == relay_id), None)
+            if stale is None:
+                if pin is not None:
+                    m.pins[group[0]] = pin
+                    pin.served.add(shard.key)
+                    if len(pin.served) >= pin.size:
+                        del m.pins[group[0]]
+                return Plan("", ver, manifest, [], held=True)
+            # The reader asks again for a fetch it has open: its first answer was lost (hub restart,
+            # timeout). The old plan was never used; it is replaced below.
+        cands = self._candidates(wid, model, ver, shard.key, exclude_fetch=stale)
+        if not cands:
+            if self.is_retained(model, ver):
+                raise E.VersionLostError(f"{model!r} v{ver} {shard.key}: no replica can serve it "
+                                         "(every holder died without notice or is releasing)")
+            raise E.VersionNotRetainedError(f"{model!r} v{ver} is no longer retained and no worker holds it "
+                                            f"(latest: {m.latest})")
+        srcs = [Source(r.id, r.worker, self.workers[r.worker].location, r.full, self.worker_load(r.worker), r.origin)
+                for r in cands]
+        assignment = self.planner.choose_sources(reader.location, srcs, [u.nbytes for u in manifest.units],
+                                                 cross_dc_inflight=self._crossing_into(reader, model, ver))
+        if not assignment:
+            raise self._no_allowed_source(model, ver, shard.key)
+        # -- validated: mutate
+        if stale is not None:
+            del self.fetches[stale]
+        if pin is not None:
+            m.pins[group[0]] = pin
+            pin.served.add(shard.key)
+            if len(pin.served) >= pin.size:
+                del m.pins[group[0]]
+        fid = f"f{self._prefix}{next(self._ids)}"  # the epoch prefix: a restarted hub never reuses an id
+        self.fetches[fid] = FetchRec(fid, wid, model, ver, shard.key, assignment, relay_id, self.clock())
+        self.replicas[relay_id] = ReplicaRec(relay_id, wid, model, ver, shard.key, "live", full=False)
+        return Plan(fid, ver, manifest,
+                    [(self.replicas[rid], self.workers[self.replicas[rid].worker], units)
+                     for rid, units in assignment.items()])
+
+    def _no_allowed_source(self, model: str, ver: int, shard_key: str) -> E.VersionLostError:
+        """Candidates existed but the planner's `source_hosts` excluded every one of them."""
+        return E.VersionLostError(f"{model!r} v{ver} {shard_key}: no replica on the hosts the planner may read "
+                                  f"from (source_hosts={list(self.planner.cfg.source_hosts)})")
+
+    def _crossing_into(self, reader: WorkerRec, model: str, ver: int, exclude_fetch: str | None = None) -> int:
+        """Open fetches of (model, ver) into the reader's DC that read from another DC."""
+        def crosses(rid: str) -> bool:
+            r = self.replicas.get(rid)
+            return (r is not None and r.worker in self.workers
+                    and self.workers[r.worker].location.distance(reader.location) == CROSS_DC)
+        return sum(1 for f in self.fetches.values()
+                   if f.id != exclude_fetch and f.model == model and f.version == ver and f.reader in self.workers
+                   and self.workers[f.reader].location.dc == reader.location.dc and any(map(crosses, f.sources)))
+
+    def _candidates(self, wid: str, model: str, ver: int, shard: str, exclude_fetch: str | None = None,
+                    excluded: set[str] = frozenset()) -> list[ReplicaRec]:
+        """Replicas a reader may read from: not itself, not downstream of it, not failed for this fetch.
+
+        Preference: healthy replicas; then suspects (failed someone recently); last, full replicas
+        that are releasing — a release waits for its readers anyway, and when a relay it waited for
+        died, its own copy may be the only one left to read while it seeds."""
+        now = self.clock()
+        down = self._downstream(wid, model, ver, shard, exclude_fetch)
+        ok = [r for r in self.replicas_of(model, ver, shard)
+              if r.worker != wid and r.worker in self.workers and r.worker not in down and r.id not in excluded]
+        live = [r for r in ok if not r.releasing]
+        return ([r for r in live if self.suspects.get(r.id, 0) <= now] or live
+                or [r for r in ok if r.full])
+
+    def _downstream(self, wid: str, model: str, ver: int, shard: str, exclude_fetch: str | None) -> set[str]:
+        """Workers whose open fetches read (transitively) from `wid`'s relay: never its sources."""
+        down, frontier = set(), {f"{wid}:{model}:{ver}:{shard}:live"}
+        while frontier:
+            nxt = set()
+            for f in self.fetches.values():
+                if f.id != exclude_fetch and f.model == model and f.version == ver and f.shard == shard \
+                        and frontier & set(f.sources) and f.reader not in down:
+                    down.add(f.reader)
+                    nxt.add(f.relay)
+            frontier = nxt
+        return down
+
+    def replan(self, wid: str, fid: str, failed: list[str], units: list[int]) -> Plan:
+        """A reader's sources `failed` (dead or stalled): mark them suspect, plan `units` elsewhere."""
+        reader = self.touch(wid)
+        f = self.fetches.get(fid)
+        if f is None or f.reader != wid:
+            raise E.UnknownFetchError(f"unknown fetch {fid!r} for worker {wid}")
+        manifest = self.models[f.model].versions[f.version].manifests[f.shard]
+        if any(not isinstance(u, int) or not 0 <= u < len(manifest.units) for u in units):
+            raise E.ProtocolError("replan: unit ids out of range")
+        until = self.clock() + self.cfg.suspect_s
+        for rid in failed:
+            if rid in self.replicas:
+                self.suspects[rid] = until
+                log.warning("fetch %s: source %s reported failed; suspect for %.0fs", fid, rid, self.cfg.suspect_s)
+            f.sources.pop(rid, None)
+            f.excluded.add(rid)
+        cands = (self._candidates(wid, f.model, f.version, f.shard, exclude_fetch=fid, excluded=f.excluded)
+                 # Every other holder failed this fetch once. A failure may have passed (a stall, a relay
+                 # whose upstream died, a restart): a live holder that did not fail just now gets another try.
+                 or self._candidates(wid, f.model, f.version, f.shard, exclude_fetch=fid, excluded=set(failed)))
+        if not cands:
+            raise E.VersionLostError(f"{f.model!r} v{f.version} {f.shard}: no replica other than the ones that "
+                                     f"failed this fetch can serve its {len(units)} missing units")
+        srcs = [Source(r.id, r.worker, self.workers[r.worker].location, r.full, self.worker_load(r.worker), r.origin)
+                for r in cands]
+        sub = self.planner.choose_sources(reader.location, srcs, [manifest.units[u].nbytes for u in units],
+                                          cross_dc_inflight=self._crossing_into(reader, f.model, f.version, fid))
+        if not sub:
+            raise self._no_allowed_source(f.model, f.version, f.shard)
+        assignment = {rid: [units[i] for i in idx] for rid, idx in sub.items()}
+        for rid, us in assignment.items():
+            f.sources[rid] = sorted(set(f.sources.get(rid, [])) | set(us))
+        return Plan(fid, f.version, manifest,
+                    [(self.replicas[rid], self.workers[self.replicas[rid].worker], us)
+                     for rid, us in assignment.items()])
+
+    def fetch_done(self, wid: str, fid: str, ok: bool) -> None:
+        self.touch(wid)
+        f = self.fetches.get(fid)
+        if f is None or f.reader != wid:
+            raise E.UnknownFetchError(f"unknown fetch {fid!r} for worker {wid}")
+        del self.fetches[fid]
+        if ok:
+            self.replicas[f.relay].full = True
+        else:
+            self.replicas.pop(f.relay, None)
+
+
+def check_into_spec(manifest: Manifest, spec: list) -> None:
+    """`spec` is [[name, dtype, shape], ...] of the reader's buffers; must match the manifest exactly."""
+    try:
+        have = {str(n): (str(d), tuple(int(x) for x in shp)) for n, d, shp in spec}
+    except (TypeError, ValueError):
+        raise E.ProtocolError("malformed into spec") from None
+    want = {t.name: (t.dtype, t.shape) for t in manifest.tensors}
+    missing, extra = sorted(set(want) - set(have)), sorted(set(have) - set(want))
+    if missing or extra:
+        raise E.BufferMismatchError(f"into tensors: missing {missing[:5]}, unexpected {extra[:5]}")
+    for name, (dt, shp) in want.items():
+        if have[name] != (dt, shp):
+            raise E.BufferMismatchError(f"into[{name!r}] is {have[name][1]} {have[name][0]}; "
+                                        f"the version has {shp} {dt}")

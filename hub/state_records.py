@@ -1,0 +1,103 @@
+"""The hub's bookkeeping records (workers, replicas, versions, fetches, pins) and release outcomes.
+
+Plain data, no behaviour beyond a property: `HubState` (hub/state.py) and its protocol mixins own
+the tables of these.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .location import Location
+from .manifest import Manifest
+
+
+@dataclass(slots=True)
+class WorkerRec:
+    id: str
+    name: str
+    location: Location
+    endpoint: dict
+    last_seen: float
+    role: str = "worker"
+    follow: bool = False
+    tasks: list = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class ReplicaRec:
+    id: str
+    worker: str
+    model: str
+    version: int
+    shard: str
+    slot: str
+    full: bool
+    releasing: bool = False
+    origin: bool = False
+    """Published by this worker (or its offload seed of such a copy), not fetched."""
+
+
+@dataclass(slots=True)
+class VersionRec:
+    version: int
+    group: tuple[int, int]
+    manifests: dict[str, Manifest] = field(default_factory=dict)
+    committed: bool = False
+
+
+@dataclass(slots=True)
+class FetchRec:
+    id: str
+    reader: str
+    model: str
+    version: int
+    shard: str
+    sources: dict[str, list[int]]
+    relay: str
+    started: float
+    excluded: set[str] = field(default_factory=set)
+    """Sources that failed this fetch: never planned for it again."""
+
+
+@dataclass(slots=True)
+class Pin:
+    version: int
+    size: int
+    served: set[str] = field(default_factory=set)
+
+
+KEEP_OLD = 64
+"""Manifests of this many committed versions below the retained ones are kept (in memory and in the
+journal); older versions nobody holds, pins or fetches are forgotten, their numbers stay reserved.
+Without it the hub grew by every version's manifest for ever (`python -m rlsync.bench soak`)."""
+
+
+@dataclass(slots=True)
+class ModelRec:
+    name: str
+    versions: dict[int, VersionRec] = field(default_factory=dict)
+    committed: list[int] = field(default_factory=list)
+    pins: dict[str, Pin] = field(default_factory=dict)
+    forgot_below: int = 0
+    """Versions below this that are not in `versions` were forgotten (KEEP_OLD), not never committed."""
+
+    @property
+    def latest(self) -> int | None:
+        return self.committed[-1] if self.committed else None
+
+
+@dataclass(slots=True)
+class Plan:
+    fetch_id: str
+    version: int
+    manifest: Manifest
+    sources: list[tuple[ReplicaRec, WorkerRec, list[int]]]
+    held: bool = False
+    """The reader already holds this version in full: nothing to transfer."""
+
+
+class Release(str):
+    """Outcome of a release step: DONE, SEED (copy first, then release again) or PENDING."""
+
+
+DONE, SEED, PENDING = Release("done"), Release("seed"), Release("pending")

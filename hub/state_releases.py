@@ -1,0 +1,117 @@
+"""HubState's release protocol: release steps, hand-offs to seed workers, seed drops and tasks. No I/O.
+
+A mixin of `HubState` (hub/state.py). Whether the last full replica of a version may go, must wait
+for a relay or must seed first is `RetentionPolicy.decide` (hub/retention.py); this module applies it.
+"""
+from __future__ import annotations
+
+import logging
+
+from . import errors as E
+from .retention import Decision
+from .shard import Shard
+from .state_records import DONE, PENDING, SEED, Release, ReplicaRec
+
+log = logging.getLogger("rlsync.hub.state")
+
+
+class Releases:
+    """Release, hand off, drop seeds, hand seed workers their tasks."""
+
+    def release(self, wid: str, model: str, version: int, shard: Shard, slot: str = "live",
+                handoff: bool = False) -> Release:
+        """`handoff=True` (a worker leaving): the last replica hands off to a seed worker, not to itself."""
+        self.touch(wid)
+        rid = f"{wid}:{model}:{version}:{shard.key}:{slot}"
+        if rid not in self.replicas:
+            raise E.NotAReplicaError(f"worker {wid} holds no {slot} replica of {model!r} v{version} {shard.key}")
+        if not self.replicas[rid].full:
+            raise E.NotAReplicaError(f"{model!r} v{version} {shard.key} is still being fetched by this worker")
+        if handoff:
+            self.handoffs.setdefault(rid, "")
+        return self.release_step(rid)
+
+    def release_step(self, rid: str) -> Release:
+        """One evaluation of a release; PENDING ones are re-evaluated by `poll_releases`."""
+        r = self.replicas.get(rid)
+        if r is None:
+            self.pending_releases.discard(rid)
+            return DONE
+        peers = [p for p in self.replicas_of(r.model, r.version, r.shard) if p.id != rid]
+        other_full = sum(1 for p in peers if p.full and not p.releasing)
+        relays = sum(1 for p in peers if not p.full)
+        d = self.retention.decide(retained=self.is_retained(r.model, r.version),
+                                  other_full=other_full, relays=relays)
+        if d is Decision.SEED and rid in self.handoffs:
+            target = self.handoffs[rid]
+            if not target or target not in self.workers:
+                target = self._seed_worker_for(r)
+            if target:
+                if not self.handoffs[rid]:
+                    self.workers[target].tasks.append([r.model, r.version, r.shard])
+                    log.info("%s leaving: seed worker %s takes %s v%d %s", r.worker, target, r.model, r.version, r.shard)
+                self.handoffs[rid] = target
+                r.releasing = False  # keep serving: the seed worker reads from it
+                self.pending_releases.add(rid)
+                return PENDING
+        if d is Decision.SEED:
+            self.handoffs.pop(rid, None)
+            if r.slot == "seed":
+                raise E.HubError(f"{rid} is the last replica of a retained version: it cannot be released")
+            r.releasing = False
+            self.pending_releases.discard(rid)
+            return SEED
+        r.releasing = True  # the hub routes no new read to it from here on
+        if d is Decision.WAIT_RELAY or self.inflight_from(rid) > 0:
+            self.pending_releases.add(rid)
+            return PENDING
+        del self.replicas[rid]
+        self.pending_releases.discard(rid)
+        self.handoffs.pop(rid, None)
+        return DONE
+
+    def _seed_worker_for(self, r: ReplicaRec) -> str:
+        """The nearest live seed worker that does not already hold or fetch this shard, or ''."""
+        src = self.workers[r.worker].location
+        holders = {p.worker for p in self.replicas_of(r.model, r.version, r.shard)}
+        seeds = [w for w in self.workers.values() if w.role == "seed" and w.id not in holders]
+        return min(seeds, key=lambda w: (src.distance(w.location), len(w.tasks), w.id)).id if seeds else ""
+
+    def poll_releases(self) -> dict[str, Release]:
+        """Re-evaluate pending releases; returns those that finished (DONE or SEED)."""
+        out = {}
+        for rid in list(self.pending_releases):
+            res = self.release_step(rid)
+            if res is not PENDING:
+                out[rid] = res
+        return out
+
+    def drops_for(self, wid: str) -> list[str]:
+        """Seeds of `wid` no longer needed (version not retained, nobody reading): dropped now.
+
+        A seed worker's replicas are all seeds, whatever their slot."""
+        w = self.workers.get(wid)
+        out = []
+        for r in list(self.replicas.values()):
+            if (r.worker == wid and r.full and (r.slot == "seed" or (w and w.role == "seed"))
+                    and not self.is_retained(r.model, r.version) and self.inflight_from(r.id) == 0
+                    and r.id not in self.pending_releases):
+                del self.replicas[r.id]
+                out.append(r.id)
+        return out
+
+    def tasks_for(self, wid: str) -> list[list]:
+        """Fetches a seed worker should start: hand-offs asked of it, and (if it follows) each latest."""
+        w = self.workers[wid]
+        tasks, w.tasks = w.tasks, []
+        if w.follow:
+            for m in self.models.values():
+                if m.latest is None:
+                    continue
+                for key in m.versions[m.latest].manifests:
+                    if f"{wid}:{m.name}:{m.latest}:{key}:live" not in self.replicas:
+                        tasks.append([m.name, m.latest, key])
+        group = {}
+        for model, ver, key in tasks:
+            group[(model, ver, key)] = list(self.models[model].versions[ver].group)
+        return [[m, v, k, g] for (m, v, k), g in group.items()]

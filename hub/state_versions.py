@@ -1,0 +1,114 @@
+"""HubState's version protocol: publish (commit through the journal hook), restore, re-register. No I/O.
+
+A mixin of `HubState` (hub/state.py). A version commits when its last shard of the tp×pp group is
+published; the `commit_hook` (the journal) runs before the commit becomes visible.
+"""
+from __future__ import annotations
+
+import logging
+
+from . import errors as E
+from .manifest import Manifest
+from .shard import Shard
+from .state_records import KEEP_OLD, ModelRec, ReplicaRec, VersionRec
+
+log = logging.getLogger("rlsync.hub.state")
+
+
+class Versions:
+    """Publish, commit, forget old manifests, restore from the journal, re-register replicas."""
+
+    def publish(self, wid: str, model: str, version: int, shard: Shard, manifest: Manifest) -> bool:
+        """Register `wid`'s live tensors as a full replica of (model, version, shard). True if it committed."""
+        self.touch(wid)
+        if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+            raise E.VersionError(f"version must be a non-negative int, got {version!r}")
+        m = self.models.get(model)
+        if m is not None and m.latest is not None and version <= m.latest:
+            raise E.VersionError(f"{model!r} version {version} <= latest committed {m.latest}: "
+                                 "versions are immutable and strictly increasing")
+        v = m.versions.get(version) if m else None
+        rid = f"{wid}:{model}:{version}:{shard.key}:live"
+        if rid in self.replicas:
+            raise E.VersionError(f"{model!r} v{version} {shard.key} already published by this worker")
+        if v is not None:
+            if v.group != shard.group:
+                raise E.ShardError(f"{model!r} v{version} has group tp×pp={v.group}; this shard says {shard.group}")
+            same = v.manifests.get(shard.key)
+            if same is not None and same != manifest:
+                raise E.ManifestMismatchError(
+                    f"{model!r} v{version} {shard.key} was published with a different manifest "
+                    "(other bytes or layout): a version is immutable")
+            for key, other in v.manifests.items():
+                if key.split("-")[1] == shard.key.split("-")[1] and key != shard.key:
+                    a = [(t.name, t.dtype) for t in other.tensors]
+                    b = [(t.name, t.dtype) for t in manifest.tensors]
+                    if a != b:
+                        raise E.ManifestMismatchError(
+                            f"{model!r} v{version}: shard {shard.key}'s tensors (names/dtypes) disagree "
+                            f"with shard {key} of the same pipeline stage")
+        commits = (v is None and shard.group_count == 1) or (
+            v is not None and shard.key not in v.manifests and len(v.manifests) + 1 == shard.group_count)
+        if commits and self.commit_hook is not None:
+            manifests = dict(v.manifests) if v else {}
+            manifests[shard.key] = manifest
+            self.commit_hook(model, version, shard.group, {k: x.to_wire() for k, x in manifests.items()})
+        # -- validated (and journaled if committing): mutate
+        if m is None:
+            m = self.models[model] = ModelRec(model)
+        if v is None:
+            v = m.versions[version] = VersionRec(version, shard.group)
+        v.manifests[shard.key] = manifest
+        self.replicas[rid] = ReplicaRec(rid, wid, model, version, shard.key, "live", True, origin=True)
+        if commits:
+            v.committed = True
+            m.committed.append(version)
+            m.committed.sort()
+            log.info("committed %s v%d (%d shard%s)", model, version, shard.group_count,
+                     "s" if shard.group_count > 1 else "")
+            self._forget_old(m)
+        return commits
+
+    def _forget_old(self, m: ModelRec) -> None:
+        below = m.latest - self.cfg.retention.retain_last - KEEP_OLD
+        if not m.versions or min(m.versions) >= below:
+            return
+        used = ({r.version for r in self.replicas.values() if r.model == m.name}
+                | {p.version for p in m.pins.values()} | {f.version for f in self.fetches.values() if f.model == m.name})
+        for v in [v for v in m.versions if v < below and v not in used]:
+            del m.versions[v]
+        m.committed = [v for v in m.committed if v in m.versions]
+        m.forgot_below = below
+
+    def restore_committed(self, model: str, version: int, group: tuple[int, int],
+                          manifests: dict[str, Manifest]) -> None:
+        """Re-create a committed version from the journal (no replicas: workers re-register them)."""
+        m = self.models.setdefault(model, ModelRec(model))
+        m.versions[version] = VersionRec(version, group, dict(manifests), True)
+        if version not in m.committed:
+            m.committed.append(version)
+            m.committed.sort()
+
+    def register_replica(self, wid: str, model: str, version: int, shard: Shard, slot: str,
+                         manifest: Manifest) -> str:
+        """A worker (re)announces a full replica of a committed version: seeds, and re-registration."""
+        self.touch(wid)
+        m = self.model(model)
+        v = m.versions.get(version)
+        if v is None or not v.committed:
+            raise E.VersionNotFoundError(f"{model!r} v{version} is not committed")
+        if v.manifests.get(shard.key) != manifest:
+            raise E.ManifestMismatchError(f"{model!r} v{version} {shard.key}: manifest differs from the committed one")
+        if slot not in ("live", "seed"):
+            raise E.ProtocolError(f"unknown replica slot {slot!r}")
+        rid = f"{wid}:{model}:{version}:{shard.key}:{slot}"
+        live = self.replicas.get(f"{wid}:{model}:{version}:{shard.key}:live")
+        origin = slot == "seed" and live is not None and live.origin
+        rec = self.replicas.setdefault(rid, ReplicaRec(rid, wid, model, version, shard.key, slot, True, origin=origin))
+        if not rec.full:
+            # The worker holds it complete (it registers nothing else): a fetch of it this hub still has
+            # open lost its fetch_done (restart, retry). Without this its release would be refused.
+            for fid in [f.id for f in self.fetches.values() if f.relay == rid]:
+                del self.fetches[fid]
+            rec.full = True
+        return rid
