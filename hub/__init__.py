@@ -4,6 +4,7 @@ Public API:
     start_embedded_hub, HubServer, HubConfig   — run a hub (in-process or `python -m rlsync.hub serve`)
     HubClient, ClientConfig, FetchResult       — publish / fetch / release from any training loop
     Location, Shard                            — where a worker is; which model-parallel shard
+    ReplicaId                                  — which copy (worker, model, version, shard, slot)
     errors (HubError and subclasses)           — every refusal is typed
 """
 from importlib import import_module
@@ -12,7 +13,7 @@ _EXPORTS = {
     "ClientConfig": ".client", "FetchResult": ".client", "HubClient": ".client", "HubError": ".errors",
     "Location": ".location", "Manifest": ".manifest", "ManifestConfig": ".manifest", "PlannerConfig": ".planner",
     "RetentionConfig": ".retention", "EmbeddedHub": ".server", "HubServer": ".server",
-    "start_embedded_hub": ".server", "Shard": ".shard", "HubConfig": ".state", "errors": ".errors",
+    "start_embedded_hub": ".server", "ReplicaId": ".replica_id", "Shard": ".shard", "HubConfig": ".state", "errors": ".errors",
 }
 __all__ = sorted(_EXPORTS)
 

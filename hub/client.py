@@ -36,12 +36,13 @@ from .client_session import Session
 from .dataplane import DataPlaneConfig, DataServer
 from .location import Location
 from .manifest import ManifestConfig
+from .replica_id import ReplicaId
 from .rpc import RpcChannel, read_token
 from .shard import Shard
 from .store import ReplicaStore
 from .tickets import ReaderKey
 
-__all__ = ["ClientConfig", "FetchResult", "HubClient"]
+__all__ = ["ClientConfig", "FetchResult", "HubClient", "ReplicaId"]
 
 log = logging.getLogger(__name__)
 
@@ -112,4 +113,10 @@ class HubClient(Session, Publishing, Fetching):
         return self._call("stats")
 
     def held(self) -> list[str]:
+        """Wire ids (`worker:model:version:shard:slot`) of the replicas this worker holds."""
         return sorted(self._held)
+
+    def held_ids(self) -> list[ReplicaId]:
+        """The replicas this worker holds, typed: read `.model`, `.version`, `.slot`; never parse `held()`."""
+        return [ReplicaId(self.worker_id, model, version, shard.key, slot)
+                for model, version, shard, slot in (self._held[rid] for rid in sorted(self._held))]

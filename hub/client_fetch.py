@@ -17,6 +17,7 @@ import torch
 from . import errors as E
 from .dataplane import read_from_source
 from .manifest import Manifest, allocate, dtype_name
+from .replica_id import ReplicaId
 from .shard import Shard
 from .store import LocalReplica
 from .transports import choose_transport
@@ -99,7 +100,7 @@ class Fetching:
             fid = plan["fetch_id"]
             if plan.get("held"):
                 raise E.ProtocolError(f"the hub still lists {model!r} v{ver} {shard.key} as held here")
-        rid = f"{wid}:{model}:{ver}:{shard.key}:live"
+        rid = ReplicaId(wid, model, ver, shard.key).wire
         try:
             manifest = Manifest.from_wire(plan["manifest"])
             if into is not None:
@@ -169,7 +170,7 @@ class Fetching:
         are about to hold `ver`, so neither this client nor the hub may keep them as another version.
         Returns None if the hub's record is stale (we hold no such replica here): the caller re-plans.
         """
-        rid = f"{self.worker_id}:{model}:{ver}:{shard.key}:live"
+        rid = ReplicaId(self.worker_id, model, ver, shard.key).wire
         rep = self.store.get(rid)
         if rep is None or rid not in self._held:
             self._forget_stale(model, ver, shard)

@@ -14,6 +14,7 @@ import torch
 from . import errors as E
 from .client_fetch import _check_tensors
 from .manifest import build_manifest
+from .replica_id import ReplicaId
 from .shard import Shard
 from .store import LocalReplica
 from .transports import cuda
@@ -35,7 +36,7 @@ class Publishing:
         wid = self._need_join()
         _check_coords("publish", model, version, shard)
         _check_tensors(tensors, "tensors")
-        rid = f"{wid}:{model}:{version}:{shard.key}:live"
+        rid = ReplicaId(wid, model, version, shard.key).wire
         if rid in self._held:
             raise E.VersionError(f"{model!r} v{version} {shard.key} already published by this worker")
         if any(t.device.type == "cuda" for t in tensors.values()):
@@ -77,7 +78,7 @@ class Publishing:
         """
         wid = self._need_join()
         _check_coords("release", model, version, shard)
-        rid = f"{wid}:{model}:{version}:{shard.key}:live"
+        rid = ReplicaId(wid, model, version, shard.key).wire
         if rid not in self._held:
             raise E.NotAReplicaError(f"this worker holds no replica of {model!r} v{version} {shard.key}")
         self._release(rid)
@@ -153,7 +154,7 @@ class Publishing:
         """Copy a replica into host memory this worker's data-plane server keeps serving."""
         model, version, shard, _ = self._held[rid]
         rep = self.store.get(rid)
-        seed_rid = rid.rsplit(":", 1)[0] + ":seed"
+        seed_rid = ReplicaId.parse(rid).as_seed().wire
         copies = {name: t.detach().clone() for name, t in rep.tensors.items()}
         self.store.add(LocalReplica(seed_rid, rep.manifest, copies, full=True))
         try:

@@ -24,6 +24,7 @@ from . import errors as E
 from .journal import Journal
 from .location import Location
 from .manifest import Manifest
+from .replica_id import ReplicaId
 from .rpc import MAX_MESSAGE_BYTES, pack, read_or_create_token, unpack
 from .shard import Shard
 from .state import DONE, KEEP_OLD, PENDING, HubConfig, HubState
@@ -245,7 +246,7 @@ class HubServer:
                    handoff: bool = False):
         outcome = self.state.release(wid, model, version, shard, slot, handoff)
         if outcome is PENDING:
-            rep = f"{wid}:{model}:{version}:{shard.key}:{slot}"
+            rep = ReplicaId(wid, model, version, shard.key, slot).wire
             self._waiting.setdefault(rep, []).append((ident, rid))
             return _DEFERRED
         return str(outcome)

@@ -11,6 +11,7 @@ from . import errors as E
 from .location import CROSS_DC
 from .manifest import Manifest
 from .planner import Source
+from .replica_id import ReplicaId
 from .shard import Shard
 from .state_records import KEEP_OLD, FetchRec, Pin, Plan, ReplicaRec, WorkerRec
 
@@ -57,7 +58,7 @@ class Fetches:
         manifest = vr.manifests[shard.key]
         if into_spec is not None:
             check_into_spec(manifest, into_spec)
-        relay_id = f"{wid}:{model}:{ver}:{shard.key}:live"
+        relay_id = ReplicaId(wid, model, ver, shard.key).wire
         stale = None
         if relay_id in self.replicas:
             stale = next((f.id for f in self.fetches.values() if f.relay == relay_id), None)
@@ -130,7 +131,7 @@ class Fetches:
 
     def _downstream(self, wid: str, model: str, ver: int, shard: str, exclude_fetch: str | None) -> set[str]:
         """Workers whose open fetches read (transitively) from `wid`'s relay: never its sources."""
-        down, frontier = set(), {f"{wid}:{model}:{ver}:{shard}:live"}
+        down, frontier = set(), {ReplicaId(wid, model, ver, shard).wire}
         while frontier:
             nxt = set()
             for f in self.fetches.values():

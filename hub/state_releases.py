@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 
 from . import errors as E
+from .replica_id import ReplicaId
 from .retention import Decision
 from .shard import Shard
 from .state_records import DONE, PENDING, SEED, Release, ReplicaRec
@@ -22,7 +23,7 @@ class Releases:
                 handoff: bool = False) -> Release:
         """`handoff=True` (a worker leaving): the last replica hands off to a seed worker, not to itself."""
         self.touch(wid)
-        rid = f"{wid}:{model}:{version}:{shard.key}:{slot}"
+        rid = ReplicaId(wid, model, version, shard.key, slot).wire
         if rid not in self.replicas:
             raise E.NotAReplicaError(f"worker {wid} holds no {slot} replica of {model!r} v{version} {shard.key}")
         if not self.replicas[rid].full:
@@ -109,7 +110,7 @@ class Releases:
                 if m.latest is None:
                     continue
                 for key in m.versions[m.latest].manifests:
-                    if f"{wid}:{m.name}:{m.latest}:{key}:live" not in self.replicas:
+                    if ReplicaId(wid, m.name, m.latest, key).wire not in self.replicas:
                         tasks.append([m.name, m.latest, key])
         group = {}
         for model, ver, key in tasks:

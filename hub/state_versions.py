@@ -9,6 +9,7 @@ import logging
 
 from . import errors as E
 from .manifest import Manifest
+from .replica_id import ReplicaId
 from .shard import Shard
 from .state_records import KEEP_OLD, ModelRec, ReplicaRec, VersionRec
 
@@ -28,7 +29,7 @@ class Versions:
             raise E.VersionError(f"{model!r} version {version} <= latest committed {m.latest}: "
                                  "versions are immutable and strictly increasing")
         v = m.versions.get(version) if m else None
-        rid = f"{wid}:{model}:{version}:{shard.key}:live"
+        rid = ReplicaId(wid, model, version, shard.key).wire
         if rid in self.replicas:
             raise E.VersionError(f"{model!r} v{version} {shard.key} already published by this worker")
         if v is not None:
@@ -101,8 +102,8 @@ class Versions:
             raise E.ManifestMismatchError(f"{model!r} v{version} {shard.key}: manifest differs from the committed one")
         if slot not in ("live", "seed"):
             raise E.ProtocolError(f"unknown replica slot {slot!r}")
-        rid = f"{wid}:{model}:{version}:{shard.key}:{slot}"
-        live = self.replicas.get(f"{wid}:{model}:{version}:{shard.key}:live")
+        rid = ReplicaId(wid, model, version, shard.key, slot).wire
+        live = self.replicas.get(ReplicaId(wid, model, version, shard.key).wire)
         origin = slot == "seed" and live is not None and live.origin
         rec = self.replicas.setdefault(rid, ReplicaRec(rid, wid, model, version, shard.key, slot, True, origin=origin))
         if not rec.full:

@@ -152,10 +152,9 @@ class RolloutWorker:
         between is refused, marks us suspect and re-plans, across the DC link when we are its only
         in-DC source. Releasing first shrinks that window to one RPC reply.
         """
-        for rid in self.hub.held():
-            _, model, version, _, slot = rid.split(":")
-            if model == name and slot == "live":
-                self.hub.release(name, int(version))
+        for rid in self.hub.held_ids():
+            if rid.model == name and rid.slot == "live":
+                self.hub.release(name, rid.version)
 
     def rollout(self, prompts: list, min_version: int) -> RolloutResult:
         """Sample `group_size` responses per prompt with weights of version >= min_version, score them.

@@ -14,7 +14,7 @@ import pytest
 import torch
 import zmq
 
-from rlsync.hub import ClientConfig, HubClient, Location, Shard
+from rlsync.hub import ClientConfig, HubClient, Location, ReplicaId, Shard
 from rlsync.hub import errors as E
 from rlsync.hub.wire_args import SPECS, Bad
 
@@ -50,6 +50,7 @@ def test_out_of_range_versions_and_bad_coordinates_are_typed(hub, joined):
     with pytest.raises(E.InvalidArgumentError, match="location"):
         HubClient(hub.address, hub.token).join(location={"dc": "x"})
     assert joined.held() == [f"{joined.worker_id}:policy:1:tp0-pp0:live"]
+    assert joined.held_ids() == [ReplicaId(joined.worker_id, "policy", 1, "tp0-pp0", "live")]
     after = joined.stats()
     assert {k: after[k] for k in ("workers", "replicas", "fetches", "models")} == \
         {k: before[k] for k in ("workers", "replicas", "fetches", "models")}
