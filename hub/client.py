@@ -94,6 +94,8 @@ class HubClient(Session, Publishing, Fetching):
         self._name, self._role, self._follow = "worker", "worker", False
         self._rejoin_lock = threading.Lock()
         self._joins = 0  # completed re-joins: a thread that saw NotJoined before the last one skips its own
+        self.rejoined_at: float | None = None
+        """When the last re-join (with its re-registrations) finished (time.monotonic())."""
         self._releasing: set[str] = set()
         """Replicas whose release is under way: a re-join does not re-register them (the release
         re-registers one itself if the new hub has not heard of it, so retention still decides)."""

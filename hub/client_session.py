@@ -33,7 +33,7 @@ class Session:
         """Join the hub and start serving. `role="seed"` makes this a seed worker: it takes hand-offs
         from leaving workers and, with `follow=True`, keeps a copy of every model's latest version."""
         if self.worker_id is not None:
-            raise E.HubError("already joined; call leave() first")
+            raise E.AlreadyJoinedError(f"already joined as {self.worker_id}; call leave() first")
         if location is not None and not isinstance(location, Location):
             raise E.InvalidArgumentError(f"location must be a Location, got {type(location).__name__}")
         self.location = location or Location()
@@ -175,6 +175,7 @@ class Session:
                     self.store.remove(rid)
                     self._held.pop(rid, None)
             self._joins += 1
+            self.rejoined_at = time.monotonic()
             log.warning("re-joined the hub at %s as %s; re-registered %d replicas", self.address, self.worker_id, kept)
 
     def _start_seed_fetch(self, model: str, version: int, key: str, group: list) -> None:

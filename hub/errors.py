@@ -73,6 +73,19 @@ class NotJoinedError(HubError):
     code = "not_joined"
 
 
+class AlreadyJoinedError(HubError):
+    """`join()` on a client that is already joined: call `leave()` first (one client, one worker id)."""
+
+    code = "already_joined"
+
+
+class LastReplicaError(HubError):
+    """`release` of a seed copy that is the last full replica of a retained version: releasing it would
+    lose the version. It is released once another replica exists or the version is no longer retained."""
+
+    code = "last_replica"
+
+
 class NotAReplicaError(HubError):
     """`release` of a (model, version, shard) that this worker does not hold."""
 

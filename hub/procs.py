@@ -154,7 +154,7 @@ def _worker_main(conn, address: str, token: str, client_cfg) -> None:
                 if time.monotonic() > end:
                     return None
                 time.sleep(0.002)  # polls a counter the heartbeat thread bumps; the time comes from it
-            return getattr(client, "rejoined_at", None) or time.monotonic()
+            return client.rejoined_at
         if cmd == "stop_loop":
             if "stop" in loop:
                 loop["stop"].set()

@@ -28,6 +28,7 @@ from .replica_id import ReplicaId
 from .rpc import MAX_MESSAGE_BYTES, pack, read_or_create_token, unpack
 from .shard import Shard
 from .state import DONE, KEEP_OLD, PENDING, HubConfig, HubState
+from .state_records import HolderSilentError
 from .tickets import Ticket, TicketSigner
 from .wire_args import SPECS, check_args
 
@@ -155,8 +156,9 @@ class HubServer:
         try:
             try:
                 result = handler(ident, rid, **args)
-            except (E.VersionLostError, E.VersionNotRetainedError):
-                if op not in ("fetch", "replan") or time.monotonic() >= self._grace_until:
+            except (E.VersionLostError, E.VersionNotRetainedError) as e:
+                silent = isinstance(e, HolderSilentError)  # a stalled source may be back within a heartbeat
+                if not silent and (op not in ("fetch", "replan") or time.monotonic() >= self._grace_until):
                     raise
                 self._parked.append((ident, rid, op, args))  # answered when a holder re-registers
                 return

@@ -13,7 +13,7 @@ from .manifest import Manifest
 from .planner import Source
 from .replica_id import ReplicaId
 from .shard import Shard
-from .state_records import KEEP_OLD, FetchRec, Pin, Plan, ReplicaRec, WorkerRec
+from .state_records import KEEP_OLD, FetchRec, HolderSilentError, Pin, Plan, ReplicaRec, WorkerRec
 
 log = logging.getLogger("rlsync.hub.state")
 
@@ -151,17 +151,29 @@ class Fetches:
         manifest = self.models[f.model].versions[f.version].manifests[f.shard]
         if any(not isinstance(u, int) or not 0 <= u < len(manifest.units) for u in units):
             raise E.ProtocolError("replan: unit ids out of range")
-        until = self.clock() + self.cfg.suspect_s
+        now = self.clock()
         for rid in failed:
-            if rid in self.replicas:
-                self.suspects[rid] = until
+            if rid in self.replicas and rid not in f.failed_at:
+                self.suspects[rid] = now + self.cfg.suspect_s
                 log.warning("fetch %s: source %s reported failed; suspect for %.0fs", fid, rid, self.cfg.suspect_s)
             f.sources.pop(rid, None)
             f.excluded.add(rid)
+            f.failed_at.setdefault(rid, now)  # a parked replan asks again with the same report
         cands = (self._candidates(wid, f.model, f.version, f.shard, exclude_fetch=fid, excluded=f.excluded)
                  # Every other holder failed this fetch once. A failure may have passed (a stall, a relay
                  # whose upstream died, a restart): a live holder that did not fail just now gets another try.
                  or self._candidates(wid, f.model, f.version, f.shard, exclude_fetch=fid, excluded=set(failed)))
+        if not cands:
+            # Only the sources that just failed hold it. A dead one is expired within worker_timeout_s;
+            # a stalled one (a loaded machine, a long GC) is heard from again: offer it again then.
+            alive = [r for rid in failed if (r := self.replicas.get(rid)) is not None and r.worker in self.workers
+                     and r.worker != wid]
+            cands = [r for r in alive if self.workers[r.worker].last_seen > f.failed_at[r.id]]
+            if not cands and alive:
+                raise HolderSilentError(f"{f.model!r} v{f.version} {f.shard}: every holder failed this fetch and "
+                                        "has not been heard from since; waiting for one (or its expiry)")
+            for r in cands:
+                f.failed_at.pop(r.id)
         if not cands:
             raise E.VersionLostError(f"{f.model!r} v{f.version} {f.shard}: no replica other than the ones that "
                                      f"failed this fetch can serve its {len(units)} missing units")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from . import errors as E
 from .location import Location
 from .manifest import Manifest
 
@@ -56,7 +57,10 @@ class FetchRec:
     relay: str
     started: float
     excluded: set[str] = field(default_factory=set)
-    """Sources that failed this fetch: never planned for it again."""
+    """Sources that failed this fetch: planned for it again only if no other replica can serve it."""
+    failed_at: dict[str, float] = field(default_factory=dict)
+    """When each source failed this fetch (until it is offered again): it is offered again once its
+    worker was heard from after that (stalled, not dead), never before."""
 
 
 @dataclass(slots=True)
@@ -94,6 +98,11 @@ class Plan:
     sources: list[tuple[ReplicaRec, WorkerRec, list[int]]]
     held: bool = False
     """The reader already holds this version in full: nothing to transfer."""
+
+
+class HolderSilentError(E.VersionLostError):
+    """Not an answer: the server parks the replan until a holder that failed it is heard from again
+    (then it is offered again) or expires (then the version is lost, after the re-registration grace)."""
 
 
 class Release(str):

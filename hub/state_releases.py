@@ -58,7 +58,7 @@ class Releases:
         if d is Decision.SEED:
             self.handoffs.pop(rid, None)
             if r.slot == "seed":
-                raise E.HubError(f"{rid} is the last replica of a retained version: it cannot be released")
+                raise E.LastReplicaError(f"{rid} is the last replica of a retained version: it cannot be released")
             r.releasing = False
             self.pending_releases.discard(rid)
             return SEED

@@ -14,7 +14,7 @@ import pytest
 import torch
 import zmq
 
-from rlsync.hub import ClientConfig, HubClient, Location, ReplicaId, Shard
+from rlsync.hub import ClientConfig, HubClient, Location, Shard
 from rlsync.hub import errors as E
 from rlsync.hub.wire_args import SPECS, Bad
 
@@ -50,7 +50,6 @@ def test_out_of_range_versions_and_bad_coordinates_are_typed(hub, joined):
     with pytest.raises(E.InvalidArgumentError, match="location"):
         HubClient(hub.address, hub.token).join(location={"dc": "x"})
     assert joined.held() == [f"{joined.worker_id}:policy:1:tp0-pp0:live"]
-    assert joined.held_ids() == [ReplicaId(joined.worker_id, "policy", 1, "tp0-pp0", "live")]
     after = joined.stats()
     assert {k: after[k] for k in ("workers", "replicas", "fetches", "models")} == \
         {k: before[k] for k in ("workers", "replicas", "fetches", "models")}
@@ -142,3 +141,33 @@ def test_every_error_class_is_in_the_documented_list():
     table = doc[doc.index("## Errors"):]
     for code, cls in E._BY_CODE.items():
         assert f"| `{cls.__name__}` (`{code}`" in table, f"{cls.__name__} missing from docs/integration.md#errors"
+
+
+def test_join_twice_is_already_joined_and_changes_nothing(hub, joined):
+    wid, before = joined.worker_id, joined.stats()
+    with pytest.raises(E.AlreadyJoinedError, match="leave"):
+        joined.join(Location(host="elsewhere"))
+    assert joined.worker_id == wid and joined.stats()["workers"] == before["workers"]
+    assert joined.fetch("policy", 1).version == 1  # still joined as before: calls work
+    assert joined.held() == [f"{wid}:policy:1:tp0-pp0:live"]
+
+
+def test_releasing_the_last_seed_copy_of_a_retained_version_is_typed_and_changes_nothing():
+    """A seed copy that is the only full replica of a retained version cannot be released (it would
+    lose the version): LastReplicaError, over the wire as `last_replica`; the replica stays."""
+    from rlsync.hub.manifest import ManifestConfig, build_manifest
+    from rlsync.hub.state import DONE, SEED, HubConfig, HubState
+
+    s = HubState(HubConfig())
+    t = s.join("t", Location(host="t"), {})
+    m = build_manifest(W, ManifestConfig())
+    s.publish(t, "p", 1, Shard(), m)
+    assert s.release(t, "p", 1, Shard()) == SEED          # the last replica: copy it first
+    s.register_replica(t, "p", 1, Shard(), "seed", m)
+    assert s.release(t, "p", 1, Shard()) == DONE          # the live buffers go; the seed copy keeps v1
+    before = sorted(s.replicas)
+    with pytest.raises(E.LastReplicaError, match="last replica"):
+        s.release(t, "p", 1, Shard(), slot="seed")
+    assert sorted(s.replicas) == before == [f"{t}:p:1:tp0-pp0:seed"]
+    assert isinstance(E.error_from_code("last_replica", "x"), E.LastReplicaError)
+    assert isinstance(E.error_from_code("already_joined", "x"), E.AlreadyJoinedError)

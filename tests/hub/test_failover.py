@@ -22,8 +22,8 @@ pytestmark = pytest.mark.timeout(300)
 def procs():
     made = []
 
-    def make(address, token, name, slow_s=0.0, heartbeat_s=1.0):
-        cfg = ClientConfig(dataplane=DataPlaneConfig(serve_delay_s=slow_s, io_timeout_s=5.0),
+    def make(address, token, name, slow_s=0.0, heartbeat_s=1.0, io_timeout_s=5.0):
+        cfg = ClientConfig(dataplane=DataPlaneConfig(serve_delay_s=slow_s, io_timeout_s=io_timeout_s),
                            transport="tcp-py", manifest=ManifestConfig(chunk_bytes=1 << 20),
                            hub_deadline_s=30.0, heartbeat_s=heartbeat_s)
         w = WorkerProcess(address, token, cfg, name=name)
@@ -193,6 +193,27 @@ def test_a_holder_expired_while_stalled_serves_the_fetch_that_waited_for_it(proc
         got = reader.wait(tag)
         assert got["version"] == 1 and got["digest"] == pub["digest"]
         assert got["bytes_by_source"] == {trainer.wid: got["nbytes"]}
+
+
+def test_a_sole_source_that_stalls_past_the_io_timeout_is_offered_again_once_heard_from(procs, wait_until):
+    """The only holder (the trainer) stalls mid-transfer past the reader's io timeout (SIGSTOP: a starved
+    process). The reader reports it failed; no other replica exists, but the trainer is still joined:
+    the re-plan waits until the trainer is heard from again and offers it again, never 'lost'."""
+    with start_embedded_hub(config=HubConfig(worker_timeout_s=60.0)) as hub:
+        trainer = procs(hub.address, hub.token, "trainer", slow_s=0.05, heartbeat_s=0.2)
+        reader = procs(hub.address, hub.token, "reader", io_timeout_s=1.0)
+        trainer.join(host="t")
+        reader.join(host="r")
+        pub = trainer.call("publish", model="policy", version=1, size_mb=8, seed=4)
+        tag = reader.start("fetch", model="policy")
+        wait_until(lambda: reading_from(trainer), what="the reader reading from the trainer")
+        os.kill(trainer.proc.pid, signal.SIGSTOP)
+        try:
+            wait_until(lambda: hub.server._parked, what="the re-plan waiting for the stalled trainer (not 'lost')")
+        finally:
+            os.kill(trainer.proc.pid, signal.SIGCONT)
+        got = reader.wait(tag)
+        assert got["digest"] == pub["digest"] and set(got["bytes_by_source"]) == {trainer.wid}
 
 
 def reading_from(w) -> bool:
