@@ -11,22 +11,20 @@ The configs ship inside the package (`rlsync.configs`), so this works from any d
 from __future__ import annotations
 
 import logging
-import signal
 import sys
+import time
 
 import hydra
 from omegaconf import DictConfig
 
 from rlsync.config import CHATTER, ConfigError, register_configs, to_config, unknown_override
 from rlsync.core.registry import UnknownNameError
+from rlsync.driver.interrupt import EXIT_INTERRUPTED, GracefulStop
+from rlsync.telemetry.summary import print_run_summary, summarize_run
 from rlsync.hub.logs import quiet_console
 
 log = logging.getLogger("rlsync.train")
 register_configs()
-
-def _interrupt(signum, _frame) -> None:
-    raise KeyboardInterrupt
-
 
 @hydra.main(config_path="pkg://rlsync.configs", config_name="train", version_base=None)
 def main(dcfg: DictConfig) -> None:
@@ -40,13 +38,18 @@ def main(dcfg: DictConfig) -> None:
     except (ConfigError, UnknownNameError) as e:  # before Ray starts: the key and the valid choices
         sys.exit(f"error: {e}")
     run_dir = cfg.run_dir or HydraConfig.get().runtime.output_dir
-    signal.signal(signal.SIGTERM, _interrupt)  # like Ctrl-C: the driver's clean-up runs
-    try:
-        summary = Driver(cfg, run_dir).run()
-    except KeyboardInterrupt:
+    driver, t0 = Driver(cfg, run_dir), time.monotonic()
+    with GracefulStop(driver, run_dir) as stop:  # Ctrl-C / SIGTERM: stop at the next loop turn, then wind down
+        try:
+            driver.run()
+        except KeyboardInterrupt:  # during start-up
+            stop.signalled = stop.signalled or "KeyboardInterrupt"
+    print_run_summary(summarize_run(run_dir, getattr(driver, "totals", None), time.monotonic() - t0,
+                                    status=f"interrupted ({stop.signalled})" if stop.signalled else "done"))
+    if stop.signalled:
         log.warning("interrupted: workers, hub and temp dirs cleaned up; run dir %s (resume=auto continues)", run_dir)
-        sys.exit(130)
-    log.info("done: %s; run dir %s", {k: round(v, 4) for k, v in summary.items()}, run_dir)
+        sys.exit(EXIT_INTERRUPTED)
+    log.info("done: run dir %s", run_dir)
 
 
 if __name__ == "__main__":

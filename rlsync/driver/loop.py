@@ -35,6 +35,7 @@ import dataclasses
 import logging
 import os
 import shutil
+import signal
 import tempfile
 import threading
 import time
@@ -90,9 +91,14 @@ class Driver:
         self.ppr = r.prompts_per_request or max(1, -(-r.prompts_per_step // max(1, self.n_rollout)))
         self._stop_requested = threading.Event()
         self.evals = Evaluator(cfg)
+        self.looping = False
+        """True once the step loop runs (start-up is over): `stop()` then ends the run at the next loop turn."""
+        self.signal_handlers: dict[int, Any] = {}
+        """Handlers to put back after `ray.init` (it replaces SIGTERM's with sys.exit): interrupt.GracefulStop."""
 
     def stop(self) -> None:
-        """Ask a running `run()` to end after the step in progress (thread-safe); it then shuts down as usual."""
+        """Ask a running `run()` to end at the loop's next turn (<= ~1 s; thread-safe), then shut down as usual.
+        A step still training is not counted (the last checkpoint is where `resume=auto` continues)."""
         self._stop_requested.set()
 
     # ------------------------------------------------------------------------------------ set-up
@@ -106,6 +112,8 @@ class Driver:
                 ray.init(address=c.ray.address, **kw)
             else:
                 ray.init(num_cpus=c.ray.num_cpus, **kw)
+            for sig, handler in self.signal_handlers.items():
+                signal.signal(sig, handler)
         # A fresh journal per run: a resumed run re-publishes its checkpoint's version, which an old
         # journal (committed versions past it) would refuse as not increasing.
         # The journal in a temp dir of the driver's own, removed in _stop (also after Ctrl-C).
@@ -216,6 +224,7 @@ class Driver:
         step_start_ns = agg.window_start_ns
         step_stats: dict[str, float] = defaultdict(float)
         last_progress = time.monotonic()
+        self.looping = True
         while step < c.steps and not self._stop_requested.is_set():
             # 0. pools: start leaves of preempted workers whose call is back, adopt attached pools
             self.pools.poll(busy)
