@@ -90,7 +90,7 @@ def test_stalled_source_past_deadline_is_replanned(procs, wait_until):
 
 
 def test_sole_holder_killed_without_notice_version_lost_never_stale(tmp_path, procs, wait_until):
-    proc, address, token = start_hub_process(str(tmp_path), worker_timeout_s=2.0)
+    proc, address, token = start_hub_process(str(tmp_path), worker_timeout_s=2.0, reregister_grace_s=1.0)
     try:
         trainer = procs(address, token, "trainer")
         old = procs(address, token, "old-reader")
@@ -104,7 +104,8 @@ def test_sole_holder_killed_without_notice_version_lost_never_stale(tmp_path, pr
         reader.join(Location(host="r"))
         wait_until(lambda: reader.stats()["workers"] == 2, what="the hub expiring the trainer")  # old-reader, reader
         with pytest.raises(E.VersionLostError):
-            reader.fetch("policy")           # latest is v2: lost, and v1 is never served instead
+            reader.fetch("policy")           # latest is v2: lost (after the 1 s grace for the trainer to
+            #                                  come back), and v1 is never served instead
         assert reader.fetch("policy", 1).version == 1   # v1 still has a live replica
         reader.leave()
     finally:
