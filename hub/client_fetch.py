@@ -101,6 +101,16 @@ class Fetching:
             if plan.get("held"):
                 raise E.ProtocolError(f"the hub still lists {model!r} v{ver} {shard.key} as held here")
         rid = ReplicaId(wid, model, ver, shard.key).wire
+        if rid in self._held and self.store.get(rid) is not None:
+            # The hub planned a transfer of a version this worker holds in full: it lost our record of
+            # it (a re-join raced the end of the fetch that got it). Never fetch over it: drop the plan,
+            # register the replica again, and answer from it as for any version already held.
+            self._fetch_done(fid, ok=False)
+            self._reregister(rid)
+            got = self._already_held(model, ver, shard, into, t0)
+            if got is not None:
+                return got
+            raise E.ProtocolError(f"{model!r} v{ver} {shard.key} is held here but cannot be served from here")
         try:
             manifest = Manifest.from_wire(plan["manifest"])
             if into is not None:
@@ -154,8 +164,8 @@ class Fetching:
         except Exception as e:  # a bug, not a peer: still fail the relay so its readers do not wait
             log.exception("fetch %s failed unexpectedly", fid)
             self._abort_fetch(dest, fid, e)
+        self._held[rid] = (model, ver, shard, "live")  # first: a re-join from now on registers it
         self._fetch_done(fid, ok=True, rep=dest, model=model, version=ver, shard=shard)
-        self._held[rid] = (model, ver, shard, "live")
         secs = time.monotonic() - t0
         result = FetchResult(ver, dest_tensors, per_source, used, secs, manifest.nbytes, manifest)
         if self.on_fetch is not None:

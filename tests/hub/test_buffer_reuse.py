@@ -173,3 +173,21 @@ def test_an_aborted_relay_is_drained_before_its_buffers_are_reused(hub, make_cli
     assert torch.equal(got.tensors["w"], torch.arange(8192, dtype=torch.float32))
     assert not [r.getMessage() for r in caplog.records if "checksum" in r.getMessage()]
     assert got.bytes_by_source.get(relay.worker_id, 0) > 0          # it did read from the relay
+
+
+def test_a_fetch_the_hub_plans_of_a_version_held_here_is_answered_from_the_held_copy(hub, make_client):
+    """The hub lost its record of a replica this worker holds (a re-join raced the end of the fetch that
+    got it, under chaos) and plans a transfer of that version into the same buffers. The client must not
+    fetch over its own replica (before: the release of 'the old version in those buffers' was refused as
+    'still being fetched', NotAReplicaError): it registers the replica again and answers from it."""
+    trainer = make_client(host="t", name="trainer")
+    reader = make_client(host="r", name="reader")
+    trainer.publish("policy", 1, {"w": torch.full((1024,), 1.0)})
+    got = reader.fetch("policy", 1)
+    rid = reader.held()[0]
+    state = hub.server.state
+    del state.replicas[rid]                        # the fault: the hub forgets the reader's replica
+    again = reader.fetch("policy", 1, into=got.tensors)
+    assert again.version == 1 and again.nbytes == 0 and torch.equal(again.tensors["w"], torch.full((1024,), 1.0))
+    assert state.replicas[rid].full and not state.fetches  # registered again, the plan closed
+    assert reader.held() == [rid]
