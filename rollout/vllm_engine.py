@@ -91,6 +91,10 @@ class VllmEngine:
         """Engine seed (sampling is reproducible for one engine and one batch order)."""
         gpu_memory_utilization: float = 0.5
         """Share of GPU memory vLLM may take (CUDA only)."""
+        apply_mode: str = "direct"
+        """How `apply` writes a version: "direct" (rollout/vllm_direct.py: one converting copy per tensor
+        into buffers laid out like vLLM's fused parameters, then each layer's own repacking; falls back
+        to the layerwise reload for a model it cannot place) or "layerwise" (vLLM's layerwise reload)."""
 
     def __init__(self, config: "VllmEngine.Config", *, eos_token_id: int | None = None,
                  pad_token_id: int | None = None):
@@ -183,19 +187,27 @@ class VllmEngine:
 
     # ------------------------------------------------------------------ weights
     def apply(self, weights: Iterable[tuple[str, torch.Tensor]], version: int, *,
-              expect: Iterable[str] | None = None) -> float:
-        """Load `weights` (checkpoint names, any dtype) in place, layer by layer; returns seconds.
+              expect: Iterable[str] | None = None, specs: list[tuple[str, tuple[int, ...]]] | None = None,
+              mode: str | None = None) -> float:
+        """Load `weights` (checkpoint names, any dtype) in place; returns seconds.
 
         Waits for the batch in flight. `expect`: names that must all have been loaded, else the
         update fails loudly (`WeightApplyError`) and the engine refuses to generate until a
         complete version is applied. An exception from `weights` (e.g. an integrity check) does
-        the same.
+        the same. `specs` (name, shape of every tensor of the version) enables the direct apply
+        (`Config.apply_mode`, or `mode` for this call); without them the layerwise reload runs.
         """
         expected = set(expect) if expect is not None else None
+        mode = mode or self.config.apply_mode
+        if mode not in ("direct", "layerwise"):
+            raise ValueError(f"apply mode must be 'direct' or 'layerwise' (got {mode!r})")
         with self._lock:
             t0 = time.monotonic()
             try:
-                loaded = self.llm.collective_rpc(_layerwise_reload, args=(weights,))[0]
+                if mode == "direct" and specs is not None:
+                    loaded = self.llm.collective_rpc(_direct_reload, args=(tuple(specs), weights))[0]
+                else:
+                    loaded = self.llm.collective_rpc(_layerwise_reload, args=(weights,))[0]
             except BaseException as e:
                 self._broken = f"update to v{version} failed: {e}"
                 raise
@@ -244,8 +256,37 @@ def _layerwise_reload(worker, weights) -> set[str]:
     runner = worker.model_runner
     with set_current_vllm_config(worker.vllm_config):
         seen = layerwise_load(runner.get_model(), runner.model_config, weights)
+    _reset_caches(runner)
+    return seen
+
+
+def _direct_reload(worker, specs, weights) -> set[str]:
+    """Runs inside the vLLM worker: `vllm_direct.direct_load` with a plan made once per layout (cached
+    on the worker); the layerwise reload when the model cannot be planned."""
+    from vllm.config import set_current_vllm_config
+
+    from .vllm_direct import direct_load, plan_direct
+
+    runner = worker.model_runner
+    model = runner.get_model()
+    plans = worker.__dict__.setdefault("_rlsync_direct_plans", {})
+    if specs not in plans:
+        tp1 = worker.vllm_config.parallel_config.world_size == 1
+        plans[specs] = plan_direct(model, list(specs)) if tp1 else None
+        if plans[specs] is None:
+            log.warning("direct apply cannot place this model's tensors: using vLLM's layerwise reload")
+    plan = plans[specs]
+    with set_current_vllm_config(worker.vllm_config):
+        if plan is None:
+            seen = layerwise_load(model, runner.model_config, weights)
+        else:
+            seen = direct_load(model, plan, weights)
+    _reset_caches(runner)
+    return seen
+
+
+def _reset_caches(runner) -> None:
     for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):
         fn = getattr(runner, reset, None)
         if fn is not None:
             fn()
-    return seen

@@ -220,7 +220,7 @@ class HubWeightStage:
         t0 = time.monotonic()
         try:
             apply_s = self.engine.apply(self._checked(self._staging, self._manifest, iter(range(len(names)))), v,
-                                        expect=names)
+                                        expect=names, specs=specs_of(self._manifest))
         except WeightIntegrityError:
             self._drop_staged(v)
             raise
@@ -296,7 +296,8 @@ class HubWeightStage:
             if first is None:
                 raise WeightIntegrityError(f"{self.model} v{version}: the fetch returned no tensor")
             stream = self._checked(self._staging, first[1], _chain(first[0], (ti for ti, _ in it)))
-            apply_s = self.engine.apply(stream, version, expect=[s.name for s in self._manifest.tensors])
+            apply_s = self.engine.apply(stream, version, expect=[s.name for s in first[1].tensors],
+                                        specs=specs_of(first[1]))
         finally:
             fetcher.join()
         res = box["res"]
@@ -356,6 +357,11 @@ def checked_tensors(tensors: dict[str, torch.Tensor], manifest, order: Iterable[
         checked.update(todo)
         spec = manifest.tensors[ti]
         yield spec.name, tensors[spec.name]
+
+
+def specs_of(manifest) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """(name, shape) of every tensor of a version: what the engine's direct apply plans with."""
+    return tuple((s.name, tuple(s.shape)) for s in manifest.tensors)
 
 
 def _chain(first, rest):
