@@ -64,16 +64,19 @@ class HubFedVllmEngine:
 
     def update_latest(self) -> SyncStats:
         """The newest version now: wait for a prefetch in flight and apply it if it is the latest,
-        else fetch and apply `latest`. `pause_s` counts all of it (waiting for the prefetch too)."""
+        else fetch and apply `latest`. The engine has no admissible version meanwhile (the staleness
+        bound asked for this one), so waiting for the fetch is `fetch_wait_s`; `pause_s` is the apply
+        (with its lock wait and checks), as for a prefetched update."""
         t0 = time.monotonic()
         staged = self.stage.wait_staged()
+        waited = time.monotonic() - t0
         latest = self.stage.hub.latest(self.stage.model)
         got = None
         if staged is not None and latest is not None and staged >= latest:
             got = self.stage.apply_staged()
         if got is None:
             got = self.stage.update("latest")
-        got.pause_s = time.monotonic() - t0
+        got.fetch_wait_s += waited
         return got
 
     def close(self) -> None:

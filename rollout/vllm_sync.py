@@ -53,12 +53,16 @@ class SyncStats:
     apply_s: float
     """vLLM's in-place layerwise reload, checks included."""
     pause_s: float
-    """Engine not generating because of this update."""
+    """Engine stopped for this update: its lock wait, the apply and the checks (the fetch is not in it
+    when the version was prefetched)."""
     nbytes: int
     bytes_by_source: dict[str, int] = field(default_factory=dict)
     """Hub worker id -> bytes it served to this update's fetch."""
     transports: dict[str, str] = field(default_factory=dict)
     """Hub worker id -> transport used."""
+    fetch_wait_s: float = 0.0
+    """Waiting for the fetch of a version the engine needed at once (the staleness bound asked for a
+    version that had just committed, so no admissible version was there to generate with meanwhile)."""
 
     @property
     def seconds(self) -> float:  # the FetchResult fields a fetch event reads
@@ -66,6 +70,7 @@ class SyncStats:
 
     def metrics(self) -> dict[str, float]:
         return {"sync/fetch_s": self.fetch_s, "sync/apply_s": self.apply_s, "sync/pause_s": self.pause_s,
+                "sync/fetch_wait_s": self.fetch_wait_s,
                 "sync/bytes": float(self.nbytes), "sync/version": float(self.version)}
 
 
@@ -255,10 +260,11 @@ class HubWeightStage:
             self._staged_fetch_s, self._staged_sources = res.seconds, dict(res.bytes_by_source)
             self._staged_transports = dict(res.transports)
             self.staged_version = res.version
+            fetched = time.monotonic()
             stats = self._apply_staged()
             if stats is None:  # the engine already holds this version
                 return SyncStats(version=res.version, fetch_s=res.seconds, apply_s=0.0, pause_s=0.0, nbytes=0)
-            stats.pause_s = time.monotonic() - t0
+            stats.fetch_wait_s = fetched - t0
             return stats
         landing = _Landing()
         box: dict = {}

@@ -157,12 +157,15 @@ class TrainerBackend:
         c = self.config
         sums: dict[str, float] = defaultdict(float)
         n = 0
+        gap: float | None = None
         for _ in range(c.ppo_epochs):
             for idx in torch.arange(len(batch)).tensor_split(c.num_mini_batches):
                 mb = batch.select(idx)
                 self.policy.train()
                 lp, ent = token_logprobs(self.policy, mb.input_ids, mb.attention_mask,
                                          temperature=c.temperature, with_entropy=True)
+                if gap is None:  # before this step's first update: the rollout's vs our log-probs
+                    gap = _logprob_gap(lp.detach(), mb, self.version)
                 loss, m = self.policy_loss(
                     logprobs=lp, old_logprobs=mb.old_logprobs, advantages=mb.advantages,
                     response_mask=mb.response_mask, entropy=ent,
@@ -182,6 +185,7 @@ class TrainerBackend:
                 n += 1
         self.version += 1
         out = {k: v / n for k, v in sums.items()}
+        out["logprob_gap"] = float("nan") if gap is None else gap
         out.update(self._batch_metrics(batch))
         out["step_time_s"] = time.perf_counter() - t0
         return out
@@ -237,3 +241,13 @@ def _first_of_each_group(group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.T
     first = torch.full((len(ids),), len(group_ids), dtype=torch.long).scatter_reduce(
         0, inv, torch.arange(len(group_ids)), reduce="amin")
     return ids, first
+
+
+def _logprob_gap(lp: torch.Tensor, mb: Batch, version: int) -> float:
+    """Mean |trainer log-prob - rollout log-prob| over response tokens of samples the trainer's current
+    weights generated (a stale sample differs by the policy change too): the engine's numerics
+    (e.g. vLLM's bf16) against the trainer's. NaN when the mini-batch has no such sample."""
+    fresh = (mb.versions == version).view(-1, 1) & mb.response_mask.bool()
+    if not bool(fresh.any()):
+        return float("nan")
+    return float((lp - mb.old_logprobs).abs()[fresh].mean())

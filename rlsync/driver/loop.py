@@ -371,6 +371,8 @@ class Driver:
         for k in ("value_loss", "critic_grad_norm", "tis_weight_mean", "ratio_mean"):
             if k in tm:
                 out[f"loss/{k}" if k == "value_loss" else k] = tm[k]
+        if "logprob_gap" in tm:  # rollout engine's log-probs vs the trainer's, same weights (docs/vllm.md)
+            out["rollout/logprob_gap"] = tm["logprob_gap"]
         out.update({k: v for k, v in stats.items() if k not in out})
         out.update(self.trainers.step_metrics())
         out.update(sm.to_dict())

@@ -124,7 +124,7 @@ class StepMetrics:
     sync: SyncStats = field(default_factory=SyncStats)
     hub: HubStats | None = None
     engine_updates: dict[str, float] = field(default_factory=dict)
-    """Σ fetch_s / apply_s / pause_s of `engine_update` events in the window (engines that stage
+    """Σ fetch_s / apply_s / pause_s / fetch_wait_s of `engine_update` events in the window (engines that stage
     and apply, e.g. vLLM); empty when there were none."""
 
     @classmethod
@@ -150,7 +150,7 @@ class StepMetrics:
         updates: dict[str, float] = {}
         for r in records:
             if isinstance(r, Event) and r.name == "engine_update" and window_start_ns <= r.ts_ns < window_end_ns:
-                for k in ("fetch_s", "apply_s", "pause_s"):
+                for k in ("fetch_s", "apply_s", "pause_s", "fetch_wait_s"):
                     updates[f"sync/{k}"] = updates.get(f"sync/{k}", 0.0) + float(r.attrs.get(k, 0.0))
                 updates["sync/engine_updates"] = updates.get("sync/engine_updates", 0.0) + 1
         return cls(

@@ -92,7 +92,7 @@ class RolloutWorker:
         self.engine.version = got.version
         if self.staged:  # a SyncStats: the engine's fetch, apply and pause (sync/fetch_s, apply_s, pause_s)
             self.clock.event("engine_update", version=got.version, fetch_s=got.fetch_s, apply_s=got.apply_s,
-                             pause_s=got.pause_s)
+                             pause_s=got.pause_s, fetch_wait_s=got.fetch_wait_s)
             if not got.bytes_by_source:
                 return  # applied a version already fetched and recorded
         ev = FetchEvent.from_result(got, wid=self.hub.worker_id, dc=self.hub.location.dc, **extra)

@@ -65,11 +65,13 @@ def check_sync(cfg) -> None:
 
 def apply_weights(engine: Any, tensors: Mapping[str, torch.Tensor], version: int) -> None:
     """Reload `tensors` (every parameter, by name) into a rollout engine: HF `load_state` or vLLM's
-    layerwise `apply`; either checks the names and refuses a partial update."""
+    `apply` (the same direct apply the hub's stage uses, so the modes differ by transport only);
+    either checks the names and refuses a partial update."""
     if hasattr(engine, "load_state"):
         engine.load_state(tensors, version=version)
     else:  # the vllm engine (or the wrapper the RL loop drives, which holds it as `.engine`)
-        getattr(engine, "engine", engine).apply(iter(tensors.items()), version, expect=list(tensors))
+        specs = tuple((n, tuple(t.shape)) for n, t in tensors.items())
+        getattr(engine, "engine", engine).apply(iter(tensors.items()), version, expect=list(tensors), specs=specs)
 
 
 def nbytes(tensors: Mapping[str, torch.Tensor]) -> int:

@@ -33,6 +33,20 @@ def test_grpo_step_updates_live_tensors_and_reports_metrics(tiny):
     assert not torch.equal(before, sync[name]), "the tensors handed to the hub are the live weights"
 
 
+def test_logprob_gap_compares_fresh_samples_only(tiny):
+    """`logprob_gap`: mean |trainer - rollout| log-prob over response tokens of samples the trainer's
+    current weights generated; stale samples (another policy) are left out, NaN when there are none."""
+    _, model = tiny
+    backend = TorchBackend(TorchBackend.Config(), copy.deepcopy(model))
+    batch = synthetic_batch(model)                     # old_logprobs: this model's own, version 0
+    assert backend.train_step(batch)["logprob_gap"] < 1e-5
+    backend = TorchBackend(TorchBackend.Config(), copy.deepcopy(model))
+    shifted = batch.replace(old_logprobs=(batch.old_logprobs - 0.25) * batch.response_mask)
+    assert backend.train_step(shifted)["logprob_gap"] == pytest.approx(0.25, abs=1e-5)
+    backend.version = 4
+    assert math.isnan(backend.train_step(synthetic_batch(model, version=2))["logprob_gap"])
+
+
 def test_batch_validation():
     with pytest.raises(BatchError, match="response_mask"):
         Batch(input_ids=torch.zeros(2, 3, dtype=torch.long), attention_mask=torch.ones(2, 3),

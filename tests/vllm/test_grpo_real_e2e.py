@@ -2,8 +2,9 @@
 
 The CLI as a user runs it (fresh process, its own Ray cluster). Checks: exit 0, two versions,
 every engine update a hub fetch (sources are hub workers: the trainer or a peer engine), no weight
-tensor in any Ray call (`ray/weight_like_tensors` 0), the start-of-run greedy eval logged, peak RSS
-per worker written.
+tensor in any Ray call (`ray/weight_like_tensors` 0), the engines' fetch/apply/pause and the
+log-prob gap (vLLM vs the trainer on the same weights) in the metrics, the start-of-run greedy eval
+logged, peak RSS per worker written.
 """
 import json
 import os
@@ -35,6 +36,10 @@ def test_grpo_real_two_steps_moves_weights_only_through_the_hub(tmp_path):
     assert all(f["bytes"] > 0 and f["bytes_by_source"] and not {"object_store", "broadcast"} & set(f["bytes_by_source"])
                for f in fetches)
     assert sum(r["sync/bytes"] for r in steps) > 0
+    assert all(f["bytes"] == sum(f["bytes_by_source"].values()) for f in fetches)
+    for key in ("sync/fetch_s", "sync/apply_s", "sync/pause_s"):   # the engines' update costs, per step
+        assert any(r.get(key, 0) > 0 for r in steps), key
+    assert any(0 <= r.get("rollout/logprob_gap", -1) < 0.2 for r in steps)  # vLLM bf16 vs trainer fp32
     assert [r["step"] for r in rows if "eval/reward_mean" in r] == [0, 2]
     mem = json.load(open(run / "memory.json"))["peak_rss_mb"]
     assert {"trainer-0", "main-0", "main-1"} <= set(mem)
