@@ -165,8 +165,11 @@ class HubWeightStage:
                     self._fetch_error = e
                     log.warning("prefetch of %s %s failed: %s", self.model, version, e)
 
-            self._fetch = threading.Thread(target=run, name="rlsync-vllm-prefetch", daemon=True)
-            self._fetch.start()
+            # started before it is published: `wait_staged` (the rollout thread, no lock) joins whatever
+            # `_fetch` holds, and joining a thread not yet started raises (seen once in a grpo_real run)
+            t = threading.Thread(target=run, name="rlsync-vllm-prefetch", daemon=True)
+            t.start()
+            self._fetch = t
             return True
         finally:
             self._lock.release()
