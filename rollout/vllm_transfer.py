@@ -17,9 +17,9 @@ What happens: `send_weights` publishes the source's live tensors as the next ver
 `HubClient.publish`, no copy) and drives start/update/finish on the engines with only
 `{"version": v}` in the update info. Each engine's worker fetches v from the hub's best replica
 (topology-aware: the trainer or any engine already holding v, relays pipelined), into its host
-staging buffers, checks every unit against the manifest, and applies it with vLLM's layerwise
-reload. When all engines are done, the trainer releases v: its buffers are free for the next
-optimizer step, and v stays retrievable from the engines (no copy on the trainer when an engine
+staging buffers, checks every unit against the manifest, and applies it (the direct apply of
+rollout/vllm_direct.py; vLLM's layerwise reload for a model it cannot place). When all engines
+are done, the trainer releases v: its buffers are free for the next optimizer step, and v stays retrievable from the engines (no copy on the trainer when an engine
 holds it; the hub's retention protocol offload-seeds only when nobody else does). An engine
 started later (elastic) runs `init_weight_transfer_engine` and one update of the current version:
 it reads from a peer engine's staging replica.
@@ -44,7 +44,8 @@ from vllm.distributed.weight_transfer.base import (
 )
 
 from .vllm_engine import layerwise_load, quiet_dtype_notes
-from .vllm_sync import checked_tensors
+from .vllm_direct import direct_load, plan_direct
+from .vllm_sync import checked_tensors, specs_of
 
 log = logging.getLogger(__name__)
 BACKEND = "rlsync"
@@ -130,8 +131,15 @@ class RlsyncWeightTransferEngine(WeightTransferEngine[RlsyncInitInfo, RlsyncUpda
         res = self.hub.fetch(model, update_info.version, into=self.staging)
         self.staging = res.tensors
         t1 = time.monotonic()
-        loaded = layerwise_load(self.model, self.model_config,
-                                checked_tensors(res.tensors, res.manifest, what=f"{model} v{res.version}"))
+        checked = checked_tensors(res.tensors, res.manifest, what=f"{model} v{res.version}")
+        plans = self.__dict__.setdefault("_plans", {})   # the direct apply's layout, once per version layout
+        specs = specs_of(res.manifest)
+        if specs not in plans:
+            plans[specs] = plan_direct(self.model, list(specs))
+        if plans[specs] is not None:
+            loaded = direct_load(self.model, plans[specs], checked)
+        else:
+            loaded = layerwise_load(self.model, self.model_config, checked)
         missing = {s.name for s in res.manifest.tensors} - loaded
         if missing:
             raise RuntimeError(f"{model} v{res.version}: vLLM did not load {sorted(missing)[:5]}")
