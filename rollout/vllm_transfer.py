@@ -19,8 +19,8 @@ What happens: `send_weights` publishes the source's live tensors as the next ver
 (topology-aware: the trainer or any engine already holding v, relays pipelined), into its host
 staging buffers, checks every unit against the manifest, and applies it (the direct apply of
 rollout/vllm_direct.py; vLLM's layerwise reload for a model it cannot place). When all engines
-are done, the trainer releases v: its buffers are free for the next optimizer step, and v stays retrievable from the engines (no copy on the trainer when an engine
-holds it; the hub's retention protocol offload-seeds only when nobody else does). An engine
+are done, the trainer releases v: its buffers are free for the next optimizer step, and v stays
+retrievable from the engines (no copy on the trainer when an engine holds it; the hub's retention protocol offload-seeds only when nobody else does). An engine
 started later (elastic) runs `init_weight_transfer_engine` and one update of the current version:
 it reads from a peer engine's staging replica.
 
