@@ -169,6 +169,7 @@ def test_a_release_in_flight_when_the_hub_dies_is_sent_again_at_once(tmp_path, p
         reader.leave()
         assert relay.wait(fetching)["digest"] == pub["digest"]
         trainer.wait(releasing)
+        close_all([trainer, relay])  # while the hub still answers their leave
     finally:
         hub.stop()
 
@@ -193,6 +194,7 @@ def test_a_holder_expired_while_stalled_serves_the_fetch_that_waited_for_it(proc
         got = reader.wait(tag)
         assert got["version"] == 1 and got["digest"] == pub["digest"]
         assert got["bytes_by_source"] == {trainer.wid: got["nbytes"]}
+        close_all([trainer, reader])  # while the hub still answers their leave
 
 
 def test_a_sole_source_that_stalls_past_the_io_timeout_is_offered_again_once_heard_from(procs, wait_until):
@@ -214,6 +216,7 @@ def test_a_sole_source_that_stalls_past_the_io_timeout_is_offered_again_once_hea
             os.kill(trainer.proc.pid, signal.SIGCONT)
         got = reader.wait(tag)
         assert got["digest"] == pub["digest"] and set(got["bytes_by_source"]) == {trainer.wid}
+        close_all([trainer, reader])  # while the hub still answers their leave
 
 
 def reading_from(w) -> bool:
