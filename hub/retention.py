@@ -1,27 +1,33 @@
-"""Retention: what the last full replica of a version must do before it lets go. Pure logic.
+"""Retention and release: every decision about keeping or letting go of a version. Pure logic, no I/O.
 
 A version is *retained* while someone may still need it: it is among the `retain_last` newest
-committed versions of its model, or an in-progress fetch or a reader group is pinned to it. When a
-worker releases (or leaves with notice) the last full replica of a retained shard, the policy
-decides, so that the default never loses a retained version:
+committed versions of its model, or an in-progress fetch or a reader group is pinned to it. The
+hub's state (hub/state_releases.py, state_versions.py) gathers a snapshot of one replica or model
+and applies what these functions return; they never read or change the hub's tables.
 
-- a relay (a reader mid-fetch) exists → WAIT for it: once it completes it is a full replica;
-- otherwise → SEED: copy the bytes to host memory held by the data-plane server (or a seed worker),
-  register that copy as a replica, then release.
+- `decide_release(cfg, view)`: one evaluation of a release of one replica. The last full replica
+  of a retained shard never just goes: it WAITs for a relay (a reader mid-fetch becomes a full
+  replica), or, when its holder is leaving with notice, HANDs OFF to a seed worker, or asks its
+  holder to SEED (copy to host memory and register that copy) first. A replica still being read
+  WAITs for its readers to drain. An offload seed that is the last copy is REFUSEd.
+- `is_retained`, `drop_seed`: which versions stay fetchable, which seeds may be dropped.
+- `choose_seed_worker`: who takes a hand-off (the nearest seed worker not holding it already).
+- `forget_below`, `forgettable`: committed versions whose manifests the hub may forget (KEEP_OLD).
 
-    >>> RetentionPolicy(RetentionConfig()).decide(retained=True, other_full=0, relays=1)
-    <Decision.WAIT_RELAY: 'wait_relay'>
+    >>> cfg = RetentionConfig()
+    >>> decide_release(cfg, ReleaseView(retained=True, other_full=0, relays=1)).action
+    <Action.WAIT: 'wait'>
+    >>> decide_release(cfg, ReleaseView(retained=True, other_full=0, relays=0, leaving=True,
+    ...                                 seed_candidate="w9"))
+    ReleaseDecision(action=<Action.HANDOFF: 'handoff'>, target='w9', ask=True)
 """
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Iterable
 
-
-class Decision(str, enum.Enum):
-    RELEASE = "release"
-    WAIT_RELAY = "wait_relay"
-    SEED = "seed"
+from .location import Location
 
 
 @dataclass(kw_only=True, slots=True)
@@ -32,15 +38,132 @@ class RetentionConfig:
     """Seed at once even when a relay is in progress (faster release, costs a host copy)."""
 
 
+KEEP_OLD = 64
+"""Manifests of this many committed versions below the retained ones are kept (in memory and in the
+journal); older versions nobody holds, pins or fetches are forgotten, their numbers stay reserved.
+Without it the hub grew by every version's manifest for ever (`python -m rlsync.bench soak`)."""
+
+
+class Decision(str, enum.Enum):
+    """What the last-copy rule alone says (`RetentionPolicy.decide`)."""
+    RELEASE = "release"
+    WAIT_RELAY = "wait_relay"
+    SEED = "seed"
+
+
+class Action(str, enum.Enum):
+    """What the hub does with a replica being released, after one evaluation."""
+    RELEASE = "release"
+    """Drop it now: the hub forgets it, its holder may reuse the buffers."""
+    WAIT = "wait"
+    """Route no new read to it; evaluate again when its readers drained or its relay completed."""
+    HANDOFF = "handoff"
+    """Its holder is leaving: keep serving it while seed worker `target` fetches it; evaluate again."""
+    SEED = "seed"
+    """The holder must offload-seed a host copy first, then release again."""
+    REFUSE = "refuse"
+    """It is an offload seed and the last copy of a retained version: it cannot be released."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseView:
+    """What the hub knows about one replica being released, at one instant."""
+    retained: bool
+    """Its version is retained (`is_retained`)."""
+    other_full: int
+    """Other full replicas of the same shard that are not themselves releasing."""
+    relays: int
+    """Replicas of the same shard still being fetched (each becomes full when its fetch completes)."""
+    inflight: int = 0
+    """Open fetches that read from this replica."""
+    seed_slot: bool = False
+    """The replica is itself an offload seed."""
+    leaving: bool = False
+    """Its holder is leaving with notice: the last copy goes to a seed worker, not to a host copy here."""
+    handoff_target: str = ""
+    """The live seed worker already asked to take it ('' if none, or if that one is gone)."""
+    seed_candidate: str = ""
+    """The seed worker that would take it now (`choose_seed_worker`); '' if none."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseDecision:
+    action: Action
+    target: str = ""
+    """HANDOFF: the seed worker that takes the replica."""
+    ask: bool = False
+    """HANDOFF: `target` has not been asked yet (the hub queues the fetch task for it)."""
+
+
 class RetentionPolicy:
+    """The last-copy rule, with its config checked once."""
+
     def __init__(self, cfg: RetentionConfig) -> None:
         if cfg.retain_last < 1:
             raise ValueError("retain_last must be >= 1: the latest version is always retained")
         self.cfg = cfg
 
     def decide(self, *, retained: bool, other_full: int, relays: int) -> Decision:
-        if not retained or other_full > 0:
-            return Decision.RELEASE
-        if relays > 0 and not self.cfg.prefer_seed:
-            return Decision.WAIT_RELAY
-        return Decision.SEED
+        return _last_copy(self.cfg, retained, other_full, relays)
+
+    def decide_release(self, view: ReleaseView) -> ReleaseDecision:
+        return decide_release(self.cfg, view)
+
+
+def decide_release(cfg: RetentionConfig, v: ReleaseView) -> ReleaseDecision:
+    """One evaluation of a release (see the module docstring); the hub re-evaluates WAIT and HANDOFF."""
+    d = _last_copy(cfg, v.retained, v.other_full, v.relays)
+    if d is Decision.SEED and v.leaving:
+        target = v.handoff_target or v.seed_candidate
+        if target:
+            return ReleaseDecision(Action.HANDOFF, target, ask=target != v.handoff_target)
+    if d is Decision.SEED:
+        return ReleaseDecision(Action.REFUSE if v.seed_slot else Action.SEED)
+    if d is Decision.WAIT_RELAY or v.inflight > 0:
+        return ReleaseDecision(Action.WAIT)
+    return ReleaseDecision(Action.RELEASE)
+
+
+def _last_copy(cfg: RetentionConfig, retained: bool, other_full: int, relays: int) -> Decision:
+    if not retained or other_full > 0:
+        return Decision.RELEASE
+    if relays > 0 and not cfg.prefer_seed:
+        return Decision.WAIT_RELAY
+    return Decision.SEED
+
+
+def is_retained(version: int, committed: list[int], retain_last: int, pinned: Iterable[int] = (),
+                fetching: Iterable[int] = ()) -> bool:
+    """Retained: among the `retain_last` newest of `committed` (ascending), pinned by a reader group,
+    or being fetched."""
+    return version in committed[-retain_last:] or version in set(pinned) or version in set(fetching)
+
+
+def drop_seed(*, retained: bool, inflight: int, releasing: bool) -> bool:
+    """A seed (an offload copy, or any replica of a seed worker) goes once nobody needs or reads it."""
+    return not retained and inflight == 0 and not releasing
+
+
+@dataclass(frozen=True, slots=True)
+class SeedWorker:
+    id: str
+    location: Location
+    tasks: int
+    """Hand-offs it was asked for and has not picked up yet."""
+
+
+def choose_seed_worker(src: Location, seeds: Iterable[SeedWorker], holders: Iterable[str]) -> str:
+    """The nearest seed worker (then the least asked, then by id) not in `holders`, or ''."""
+    held = set(holders)
+    ok = [w for w in seeds if w.id not in held]
+    return min(ok, key=lambda w: (src.distance(w.location), w.tasks, w.id)).id if ok else ""
+
+
+def forget_below(latest: int, retain_last: int) -> int:
+    """Committed versions below this may have their manifests forgotten (KEEP_OLD below the retained)."""
+    return latest - retain_last - KEEP_OLD
+
+
+def forgettable(versions: Iterable[int], below: int, used: set[int]) -> list[int]:
+    """Versions below `below` that nobody holds, pins or fetches (`used`): their manifests may go."""
+    return [v for v in versions if v < below and v not in used]

@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .planner import Planner, PlannerConfig
-from .retention import RetentionConfig, RetentionPolicy
+from .retention import KEEP_OLD, RetentionConfig, RetentionPolicy
 from .state_fetches import Fetches, check_into_spec
-from .state_records import (DONE, KEEP_OLD, PENDING, SEED, FetchRec, ModelRec, Pin, Plan, Release, ReplicaRec,
+from .state_records import (DONE, PENDING, SEED, FetchRec, ModelRec, Pin, Plan, Release, ReplicaRec,
                             VersionRec, WorkerRec)
 from .state_releases import Releases
 from .state_versions import Versions

@@ -12,8 +12,9 @@ from .location import CROSS_DC
 from .manifest import Manifest
 from .planner import Source
 from .replica_id import ReplicaId
+from .retention import KEEP_OLD
 from .shard import Shard
-from .state_records import KEEP_OLD, FetchRec, HolderSilentError, Pin, Plan, ReplicaRec, WorkerRec
+from .state_records import FetchRec, HolderSilentError, Pin, Plan, ReplicaRec, WorkerRec
 
 log = logging.getLogger("rlsync.hub.state")
 

@@ -70,12 +70,6 @@ class Pin:
     served: set[str] = field(default_factory=set)
 
 
-KEEP_OLD = 64
-"""Manifests of this many committed versions below the retained ones are kept (in memory and in the
-journal); older versions nobody holds, pins or fetches are forgotten, their numbers stay reserved.
-Without it the hub grew by every version's manifest for ever (`python -m rlsync.bench soak`)."""
-
-
 @dataclass(slots=True)
 class ModelRec:
     name: str

@@ -1,7 +1,8 @@
 """HubState's release protocol: release steps, hand-offs to seed workers, seed drops and tasks. No I/O.
 
-A mixin of `HubState` (hub/state.py). Whether the last full replica of a version may go, must wait
-for a relay or must seed first is `RetentionPolicy.decide` (hub/retention.py); this module applies it.
+A mixin of `HubState` (hub/state.py). Every decision (release now, wait, hand off, seed, refuse;
+which seed worker; which seeds to drop) is pure logic in hub/retention.py; this module gathers the
+snapshot it needs and applies the answer.
 """
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import logging
 
 from . import errors as E
 from .replica_id import ReplicaId
-from .retention import Decision
+from .retention import Action, ReleaseView, SeedWorker, choose_seed_worker, drop_seed
 from .shard import Shard
 from .state_records import DONE, PENDING, SEED, Release, ReplicaRec
 
@@ -33,37 +34,30 @@ class Releases:
         return self.release_step(rid)
 
     def release_step(self, rid: str) -> Release:
-        """One evaluation of a release; PENDING ones are re-evaluated by `poll_releases`."""
+        """One evaluation of a release (`retention.decide_release`); PENDING ones are re-evaluated
+        by `poll_releases`. This gathers the view and applies the decision; it decides nothing."""
         r = self.replicas.get(rid)
         if r is None:
             self.pending_releases.discard(rid)
             return DONE
-        peers = [p for p in self.replicas_of(r.model, r.version, r.shard) if p.id != rid]
-        other_full = sum(1 for p in peers if p.full and not p.releasing)
-        relays = sum(1 for p in peers if not p.full)
-        d = self.retention.decide(retained=self.is_retained(r.model, r.version),
-                                  other_full=other_full, relays=relays)
-        if d is Decision.SEED and rid in self.handoffs:
-            target = self.handoffs[rid]
-            if not target or target not in self.workers:
-                target = self._seed_worker_for(r)
-            if target:
-                if not self.handoffs[rid]:
-                    self.workers[target].tasks.append([r.model, r.version, r.shard])
-                    log.info("%s leaving: seed worker %s takes %s v%d %s", r.worker, target, r.model, r.version, r.shard)
-                self.handoffs[rid] = target
-                r.releasing = False  # keep serving: the seed worker reads from it
-                self.pending_releases.add(rid)
-                return PENDING
-        if d is Decision.SEED:
+        d = self.retention.decide_release(self._release_view(r))
+        if d.action is Action.HANDOFF:
+            if d.ask:
+                self.workers[d.target].tasks.append([r.model, r.version, r.shard])
+                log.info("%s leaving: seed worker %s takes %s v%d %s", r.worker, d.target, r.model, r.version, r.shard)
+            self.handoffs[rid] = d.target
+            r.releasing = False  # keep serving: the seed worker reads from it
+            self.pending_releases.add(rid)
+            return PENDING
+        if d.action in (Action.SEED, Action.REFUSE):
             self.handoffs.pop(rid, None)
-            if r.slot == "seed":
+            if d.action is Action.REFUSE:
                 raise E.LastReplicaError(f"{rid} is the last replica of a retained version: it cannot be released")
             r.releasing = False
             self.pending_releases.discard(rid)
             return SEED
         r.releasing = True  # the hub routes no new read to it from here on
-        if d is Decision.WAIT_RELAY or self.inflight_from(rid) > 0:
+        if d.action is Action.WAIT:
             self.pending_releases.add(rid)
             return PENDING
         del self.replicas[rid]
@@ -71,12 +65,24 @@ class Releases:
         self.handoffs.pop(rid, None)
         return DONE
 
+    def _release_view(self, r: ReplicaRec) -> ReleaseView:
+        """The snapshot `decide_release` needs of replica `r` (read-only)."""
+        peers = [p for p in self.replicas_of(r.model, r.version, r.shard) if p.id != r.id]
+        leaving = r.id in self.handoffs
+        target = self.handoffs.get(r.id, "")
+        target = target if target in self.workers else ""  # the one asked before died: ask another
+        return ReleaseView(retained=self.is_retained(r.model, r.version),
+                           other_full=sum(1 for p in peers if p.full and not p.releasing),
+                           relays=sum(1 for p in peers if not p.full), inflight=self.inflight_from(r.id),
+                           seed_slot=r.slot == "seed", leaving=leaving, handoff_target=target,
+                           seed_candidate=self._seed_worker_for(r) if leaving and not target else "")
+
     def _seed_worker_for(self, r: ReplicaRec) -> str:
         """The nearest live seed worker that does not already hold or fetch this shard, or ''."""
-        src = self.workers[r.worker].location
-        holders = {p.worker for p in self.replicas_of(r.model, r.version, r.shard)}
-        seeds = [w for w in self.workers.values() if w.role == "seed" and w.id not in holders]
-        return min(seeds, key=lambda w: (src.distance(w.location), len(w.tasks), w.id)).id if seeds else ""
+        return choose_seed_worker(self.workers[r.worker].location,
+                                  [SeedWorker(w.id, w.location, len(w.tasks)) for w in self.workers.values()
+                                   if w.role == "seed"],
+                                  holders=[p.worker for p in self.replicas_of(r.model, r.version, r.shard)])
 
     def poll_releases(self) -> dict[str, Release]:
         """Re-evaluate pending releases; returns those that finished (DONE or SEED)."""
@@ -95,8 +101,8 @@ class Releases:
         out = []
         for r in list(self.replicas.values()):
             if (r.worker == wid and r.full and (r.slot == "seed" or (w and w.role == "seed"))
-                    and not self.is_retained(r.model, r.version) and self.inflight_from(r.id) == 0
-                    and r.id not in self.pending_releases):
+                    and drop_seed(retained=self.is_retained(r.model, r.version), inflight=self.inflight_from(r.id),
+                                  releasing=r.id in self.pending_releases)):
                 del self.replicas[r.id]
                 out.append(r.id)
         return out

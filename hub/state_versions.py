@@ -8,10 +8,11 @@ from __future__ import annotations
 import logging
 
 from . import errors as E
+from . import retention
 from .manifest import Manifest
 from .replica_id import ReplicaId
 from .shard import Shard
-from .state_records import KEEP_OLD, ModelRec, ReplicaRec, VersionRec
+from .state_records import ModelRec, ReplicaRec, VersionRec
 
 log = logging.getLogger("rlsync.hub.state")
 
@@ -71,12 +72,12 @@ class Versions:
         return commits
 
     def _forget_old(self, m: ModelRec) -> None:
-        below = m.latest - self.cfg.retention.retain_last - KEEP_OLD
+        below = retention.forget_below(m.latest, self.cfg.retention.retain_last)
         if not m.versions or min(m.versions) >= below:
             return
         used = ({r.version for r in self.replicas.values() if r.model == m.name}
                 | {p.version for p in m.pins.values()} | {f.version for f in self.fetches.values() if f.model == m.name})
-        for v in [v for v in m.versions if v < below and v not in used]:
+        for v in retention.forgettable(list(m.versions), below, used):
             del m.versions[v]
         m.committed = [v for v in m.committed if v in m.versions]
         m.forgot_below = below

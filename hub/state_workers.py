@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 
 from . import errors as E
+from . import retention
 from .location import Location
 from .state_records import ModelRec, ReplicaRec, WorkerRec
 
@@ -80,11 +81,9 @@ class Workers:
         m = self.models.get(model)
         if m is None:
             return False
-        if version in m.committed[-self.cfg.retention.retain_last:]:
-            return True
-        if any(p.version == version for p in m.pins.values()):
-            return True
-        return any(f.model == model and f.version == version for f in self.fetches.values())
+        return retention.is_retained(version, m.committed, self.cfg.retention.retain_last,
+                                     pinned=(p.version for p in m.pins.values()),
+                                     fetching=(f.version for f in self.fetches.values() if f.model == model))
 
     def inflight_from(self, replica_id: str) -> int:
         return sum(1 for f in self.fetches.values() if replica_id in f.sources)
