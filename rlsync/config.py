@@ -27,6 +27,7 @@ from rlsync.trainer.backend import OptimizerConfig, TrainerBackend
 from rlsync.workers.elastic import ElasticConfig, TrainerChurnConfig
 from rlsync.workers.weight_channels import SyncConfig, check_sync
 from rlsync.driver.evaluation import EvalConfig
+from rlsync.config_rules import unknown_override  # noqa: F401 - `rlsync.config.unknown_override` (train.py)
 
 
 @dataclass(kw_only=True)
@@ -107,6 +108,10 @@ class TaskConfig:
     """Other fields of the task's Config, e.g. {max_operand: 9} for arithmetic."""
 
 
+RUN_LR = 1e-3
+"""The run's default policy learning rate (the optimizer's own default suits real models)."""
+
+
 @dataclass(kw_only=True)
 class TrainerGroupConfig:
     backend: str = "torch"
@@ -118,8 +123,9 @@ class TrainerGroupConfig:
     extra_ds_config: dict[str, Any] = field(default_factory=dict)
     """Merged into the DeepSpeed config (backend=deepspeed)."""
     algo: TrainerBackend.Config = field(default_factory=lambda: TrainerBackend.Config(
-        optimizer=OptimizerConfig(lr=1e-3)))
-    """The update: optimizer, advantage estimator, policy loss (GRPO, PPO ...), epochs."""
+        optimizer=OptimizerConfig(lr=RUN_LR)))
+    """The update: optimizer, advantage estimator, policy loss (GRPO, PPO ...), epochs. Composed runs pick a typed
+    algorithm (`trainer/algo=grpo|ppo|custom`, trainer/algos.py) whose args are typed fields, not free dicts."""
     location: LocationConfig = field(default_factory=LocationConfig)
     """Where the trainer ranks are (hub topology labels)."""
     elastic: ElasticConfig = field(default_factory=ElasticConfig)
@@ -251,8 +257,12 @@ def register_configs() -> None:
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
+    from rlsync.trainer.algos import ALGORITHMS
+
     cs = ConfigStore.instance()
     cs.store(name="rlsync_train", node=TrainConfig)
+    for name in ALGORITHMS.names():  # `trainer/algo=grpo|ppo|custom`: typed args per algorithm (trainer/algos.py)
+        cs.store(group="trainer/algo", name=name, node=ALGORITHMS.get(name)(optimizer=OptimizerConfig(lr=RUN_LR)))
     for name, path in recipe_files().items():
         group, _, leaf = f"recipe/{name}".rpartition("/")
         cs.store(group=group, name=leaf, node=OmegaConf.load(path), package="_global_")
@@ -264,8 +274,11 @@ def to_config(cfg: Any) -> TrainConfig:
         return cfg
     from omegaconf import OmegaConf
 
+    from rlsync.trainer.algos import as_backend_config
+
     obj = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), cfg))
     assert isinstance(obj, TrainConfig)
+    obj.trainer.algo = as_backend_config(obj.trainer.algo)  # typed args -> the dicts the backend builds from
     return check_config(with_plugins(obj))
 
 
@@ -283,39 +296,6 @@ def with_plugins(cfg: TrainConfig) -> TrainConfig:
         except PluginError as e:
             raise ConfigError(str(e)) from None
     return cfg
-
-
-def unknown_override(override: str) -> str | None:
-    """Why a command-line override `a.b.c=v` names no field of the schema (with the valid keys there), or None.
-
-    Hydra refuses such a key too, but without the choices; this says them. `+a.b=v` is checked the same
-    way (Hydra would add the key and the run would ignore it). `+recipe=`, `~` overrides, Hydra's own
-    keys and keys under a mapping (`pools.<name>`, `task.args`) are left to Hydra and `check_config`.
-    """
-    key = override.split("=", 1)[0].lstrip("+")  # `+key=`/`++key=` add a key: it must be in the schema too
-    if "=" not in override or key.startswith(("~", "hydra")) or key == "recipe":
-        return None
-    node: Any = TrainConfig
-    path = []
-    for part in key.split("."):
-        if not (isinstance(node, type) and dataclasses.is_dataclass(node)):
-            return None  # a mapping or a leaf: Hydra/OmegaConf check the rest
-        fields = {f.name: f for f in dataclasses.fields(node)}
-        if part not in fields:
-            where = ".".join(path) or "the top level"
-            return f"unknown config key {key!r}: {where} has {', '.join(sorted(fields))}"
-        path.append(part)
-        node = _field_type(node, fields[part])
-    return None
-
-
-def _field_type(owner: type, f: dataclasses.Field) -> Any:
-    import typing
-
-    try:
-        return typing.get_type_hints(owner)[f.name]
-    except Exception:  # noqa: BLE001 - an unresolvable annotation: stop checking there
-        return None
 
 
 class ConfigError(ValueError):

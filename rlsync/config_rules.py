@@ -9,10 +9,14 @@
 
 Registry names and components' own args are checked by `rlsync.config.check_config`, which calls this.
 A key with `*` applies to every entry of a mapping (`pools.*.size`: every pool).
+
+`unknown_override(arg)` checks one command-line override's key against the schema before Hydra
+composes anything, so a typo is refused with the keys valid there (Hydra names the key only).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Any, Iterator
@@ -106,3 +110,64 @@ def check_values(cfg: Any) -> None:
                           f"trainer.world_size={t.world_size}")
     if cfg.resume not in ("auto", "never", "") and not (Path(cfg.resume) / "driver_state.json").is_file():
         raise ConfigError(f"resume={cfg.resume}: must be auto, never or a checkpoint directory (with driver_state.json)")
+
+
+def unknown_override(override: str) -> str | None:
+    """Why a command-line override `a.b.c=v` names no field of the schema (with the valid keys there), or None.
+
+    Hydra refuses such a key too, but without the choices; this says them. `+a.b=v` is checked the same
+    way (Hydra would add the key and the run would ignore it). A group choice `trainer/algo=NAME` must
+    name a registered algorithm; `trainer.algo.<x>_args.K` must be a field of some algorithm's typed args
+    (which one is chosen, Hydra checks when it composes). `+recipe=`, `~` overrides, Hydra's own keys
+    and keys under a mapping (`pools.<name>`, `task.args`) are left to Hydra and `check_config`.
+    """
+    from rlsync.config import TrainConfig
+    from rlsync.trainer.algos import ALGORITHMS
+    from rlsync.trainer.backend import TrainerBackend
+
+    key, _, value = override.partition("=")
+    key = key.lstrip("+")  # `+key=`/`++key=` add a key: it must be in the schema too
+    if not _ or key.startswith(("~", "hydra")) or key == "recipe":
+        return None
+    if key == "trainer/algo":
+        return None if value in ALGORITHMS else (f"unknown algorithm trainer/algo={value}; "
+                                                 f"known: {', '.join(ALGORITHMS.names())}")
+    node: Any = TrainConfig
+    parent: Any = None
+    path: list[str] = []
+    for part in key.split("."):
+        if parent is TrainerBackend.Config and path[-1].endswith("_args"):  # typed per algorithm
+            return _unknown_algo_arg(key, path[-1], part, ALGORITHMS)
+        if not (isinstance(node, type) and dataclasses.is_dataclass(node)):
+            return None  # a mapping or a leaf: Hydra/OmegaConf check the rest
+        fields = {f.name: f for f in dataclasses.fields(node)}
+        if part not in fields:
+            where = ".".join(path) or "the top level"
+            return f"unknown config key {key!r}: {where} has {', '.join(sorted(fields))}"
+        path.append(part)
+        parent, node = node, _field_type(node, fields[part])
+    return None
+
+
+def _unknown_algo_arg(key: str, args_field: str, name: str, algorithms: Any) -> str | None:
+    """`trainer.algo.<args_field>.<name>`: a field of that args type in some typed algorithm, or the choices."""
+    import typing
+
+    have = {}
+    for algo in algorithms.names():
+        t = typing.get_type_hints(algorithms.get(algo)).get(args_field)
+        if isinstance(t, type) and dataclasses.is_dataclass(t):
+            have[algo] = sorted(f.name for f in dataclasses.fields(t))
+    if not have or any(name in fs for fs in have.values()):
+        return None
+    return (f"unknown config key {key!r}: trainer.algo.{args_field} has "
+            + "; ".join(f"(trainer/algo={a}) {', '.join(fs)}" for a, fs in have.items()))
+
+
+def _field_type(owner: type, f: dataclasses.Field) -> Any:
+    import typing
+
+    try:
+        return typing.get_type_hints(owner)[f.name]
+    except Exception:  # noqa: BLE001 - an unresolvable annotation: stop checking there
+        return None

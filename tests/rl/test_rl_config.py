@@ -102,8 +102,11 @@ def test_every_hub_knob_is_reachable_from_the_run_config():
     ("model.kind=gpt5", "model.kind: unknown model loader 'gpt5'"),
     ("pools.main.policy=sometimes", "pools.main.policy: unknown pool policy 'sometimes'; known: autoscale, fixed, spot"),
     ("trainer.algo.policy_loss=dpo", "trainer.algo.policy_loss: unknown policy loss 'dpo'"),
-    ("+trainer.algo.policy_loss_args.clip_epss=0.3", "trainer.algo.policy_loss_args.clip_epss: not a field of"),
-    ("+trainer.algo.policy_loss_args.clip_eps=abc", "trainer.algo.policy_loss_args.clip_eps: "),
+    ("trainer.algo.policy_loss=ppo_clip trainer.algo.policy_loss_args.kl_coef=0.1",
+     "trainer.algo.policy_loss_args.kl_coef: not a field of PPOClipLoss.Config; valid: clip_eps,"),
+    ("trainer/algo=custom +trainer.algo.policy_loss_args.clip_epss=0.3",
+     "trainer.algo.policy_loss_args.clip_epss: not a field of"),
+    ("trainer/algo=custom +trainer.algo.policy_loss_args.clip_eps=abc", "trainer.algo.policy_loss_args.clip_eps: "),
     ("+task.args.lenght=4", "task.args.lenght: not a field of"),
     ("hub.client.transport=carrier-pigeon", "hub.client.transport: unknown transport 'carrier-pigeon'"),
 ])
@@ -112,8 +115,32 @@ def test_a_bad_choice_is_refused_when_composed_naming_the_key_and_the_choices(ov
     from rlsync.core.registry import UnknownNameError
 
     with pytest.raises((ConfigError, UnknownNameError)) as e:
-        to_config(_compose("+recipe=grpo_standalone", override))
+        to_config(_compose("+recipe=grpo_standalone", *override.split()))
     assert named in str(e.value)
+
+
+def test_algorithm_args_are_typed_per_algorithm_when_composed():
+    """trainer/algos.py: each algorithm types its components' args; the run builds from the same values."""
+    from rlsync.config import unknown_override
+
+    grpo, ppo = to_config(_compose("+recipe=grpo_standalone")), to_config(_compose("+recipe=ppo_standalone"))
+    assert grpo.trainer.algo.policy_loss_args["kl_coef"] == 0.0 and grpo.trainer.algo.adv_est_args["norm_by_std"]
+    assert (ppo.trainer.algo.adv_est, ppo.trainer.algo.policy_loss) == ("gae", "ppo_clip")
+    assert ppo.trainer.algo.adv_est_args == {"gamma": 1.0, "lam": 0.95, "whiten": True}
+    assert ppo.trainer.algo.value_loss_args == {"clip": 0.2, "coef": 0.5}
+    kl = to_config(_compose("+recipe=grpo_standalone", "trainer.algo.policy_loss_args.kl_coef=0.01"))
+    assert kl.trainer.algo.policy_loss_args["kl_coef"] == 0.01
+    for bad, key in (("trainer.algo.policy_loss_args.clip_epss=0.3", "clip_epss"),
+                     ("trainer.algo.policy_loss_args.clip_eps=abc", "clip_eps"),
+                     ("trainer.algo.adv_est_args.gamma=0.9", "gamma")):  # a GAE arg under grpo
+        with pytest.raises(ConfigCompositionException, match=key):
+            _compose("+recipe=grpo_standalone", bad)
+    assert unknown_override("trainer.algo.policy_loss_args.clip_epss=0.3") == (
+        "unknown config key 'trainer.algo.policy_loss_args.clip_epss': trainer.algo.policy_loss_args has "
+        "(trainer/algo=grpo) clip_eps, clip_eps_high, entropy_coef, kl_coef, loss_agg, tis_cap; "
+        "(trainer/algo=ppo) clip_eps, clip_eps_high, entropy_coef, loss_agg, tis_cap")
+    assert unknown_override("trainer/algo=dpo") == "unknown algorithm trainer/algo=dpo; known: custom, grpo, ppo"
+    assert unknown_override("trainer/algo=ppo") is None
 
 
 def test_enum_choices_and_unknown_keys_are_refused_with_the_choices():
@@ -159,7 +186,7 @@ def test_adding_a_key_the_schema_does_not_have_is_refused_but_mappings_and_recip
 
     assert unknown_override("+trainer.lrr=1").startswith("unknown config key 'trainer.lrr': trainer has algo,")
     assert unknown_override("++steps2=1").startswith("unknown config key 'steps2': the top level has")
-    for fine in ("+recipe=grpo_standalone", "+pools.far.size=1", "+task.args.max_operand=9", "+trainer.algo.policy_loss_args.clip_eps=0.3"):
+    for fine in ("+recipe=grpo_standalone", "+pools.far.size=1", "+task.args.max_operand=9", "trainer.algo.policy_loss_args.clip_eps=0.3"):
         assert unknown_override(fine) is None, fine
 
 
