@@ -51,6 +51,7 @@ from rlsync.core.stall import now_ns
 from rlsync.driver.audit import PayloadAudit
 from rlsync.driver.checkpoint import CheckpointStore
 from rlsync.driver.staleness import SampleBuffer, StalenessBound, plan_request
+from rlsync.pools.attach import ray_connect_hint
 from rlsync.pools.pool_set import PoolSet
 from rlsync.telemetry.loggers import make_logger
 from rlsync.telemetry.metrics import HubStats, StepAggregator
@@ -109,7 +110,10 @@ class Driver:
         if not ray.is_initialized():
             kw = dict(include_dashboard=False, log_to_driver=True)
             if c.ray.address:
-                ray.init(address=c.ray.address, **kw)
+                try:
+                    ray.init(address=c.ray.address, **kw)
+                except ConnectionError as e:
+                    raise ConnectionError(ray_connect_hint(c.ray.address, e)) from e
             else:
                 ray.init(num_cpus=c.ray.num_cpus, **kw)
             for sig, handler in self.signal_handlers.items():

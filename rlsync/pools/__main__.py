@@ -1,6 +1,6 @@
 """`python -m rlsync.pools join|list|leave`: attach rollout pools to a running job from another terminal.
 
-    python -m rlsync.pools join  --job RUN_DIR --pool spot2 --size 2 [--dc dc0 --rack rack1]
+    python -m rlsync.pools join  --job RUN_DIR --pool spot2 --size 2 [--dc dc0 --rack rack1] [--resources '{"pool_node": 1}']
     python -m rlsync.pools list  [--job RUN_DIR]
     python -m rlsync.pools leave [--job RUN_DIR] --pool spot2
 
@@ -53,7 +53,8 @@ def cmd_join(a, job: dict) -> int:
     pool.location.dc, pool.location.rack, pool.location.host = a.dc, a.rack, a.host
     cfg.pools = {**cfg.pools, a.pool: pool}
     taken = [int(k.rsplit("-", 1)[1]) for k in view.get(a.pool, {}).get("workers", {})]
-    group = rollout_group(cfg, a.pool, job["hub_address"], job["hub_token"], first_index=max(taken, default=-1) + 1)
+    group = rollout_group(cfg, a.pool, job["hub_address"], job["hub_token"], first_index=max(taken, default=-1) + 1,
+                          resources=a.resources)
     keys = [group.add(namespace=job["namespace"], detached=True) for _ in range(a.size)]
     refs = {group.members[k].join_run.remote(): k for k in keys}
     print(f"starting {len(keys)} workers in pool {a.pool} ({a.dc}/{a.rack}) for job {job['run_dir']}", flush=True)
@@ -124,6 +125,18 @@ def cmd_leave(a, job: dict) -> int:
     return 1
 
 
+def _resources(text: str) -> dict[str, float]:
+    import json
+
+    try:
+        r = json.loads(text)
+        if isinstance(r, dict) and all(isinstance(k, str) and isinstance(v, (int, float)) and v > 0 for k, v in r.items()):
+            return {k: float(v) for k, v in r.items()}
+    except json.JSONDecodeError:
+        pass
+    raise argparse.ArgumentTypeError(f"{text!r}: want a JSON object of resource name -> positive amount")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m rlsync.pools", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -134,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     j.add_argument("--dc", default="dc0", help="DC label the workers join the hub with")
     j.add_argument("--rack", default="rack0", help="rack label")
     j.add_argument("--host", default="", help="host label (default: this machine's hostname)")
+    j.add_argument("--resources", type=_resources, default=None, metavar="JSON",
+                   help='Ray custom resources each worker asks for, e.g. \'{"pool_node": 1}\': the workers start only '
+                        'on nodes started with them (`ray start --resources=...`)')
     lv = sub.add_parser("leave", help="let an attached pool go (each worker leaves the hub with notice)")
     lv.add_argument("--pool", required=True)
     ls = sub.add_parser("list", help="the job's pools and their workers' states")

@@ -57,6 +57,15 @@ def ray_client_auth(run_dir: Path) -> dict[str, Any]:
     return {"ray_auth_mode": "token", "ray_auth_token_file": str(path.resolve())}
 
 
+def ray_connect_hint(address: str, error: BaseException) -> str:
+    """Why a job could not join the Ray cluster at `address` (`ray.address=...`), and the usual fix."""
+    mode = os.environ.get("RAY_AUTH_MODE", "disabled (unset)")
+    return (f"{error}; RAY_AUTH_MODE here is {mode}. A cluster started with token auth "
+            f"(`RAY_AUTH_MODE=token ray start ...`) needs RAY_AUTH_MODE=token in the job's environment too, with "
+            f"the cluster's token in ~/.ray/auth_token or RAY_AUTH_TOKEN (Ray's clients never turn auth on by "
+            f"themselves); one started without it needs neither (docs/rl.md, 'A multi-node cluster').")
+
+
 def use_ray_client_auth(job: dict[str, Any]) -> None:
     """Set this (client) process up to talk to the job's Ray cluster: its auth mode and token.
 

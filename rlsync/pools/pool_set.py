@@ -56,10 +56,11 @@ class Member(str, Enum):
     LEAVING = "leaving"
 
 
-def rollout_group(cfg: TrainConfig, name: str, hub_address: str, hub_token: str, first_index: int = 0) -> WorkerGroup:
+def rollout_group(cfg: TrainConfig, name: str, hub_address: str, hub_token: str, first_index: int = 0,
+                  resources: dict[str, float] | None = None) -> WorkerGroup:
     """The `WorkerGroup` of pool `name` (`cfg.pools[name]` must exist: its workers read their location there)."""
     return WorkerGroup(name, RolloutWorker, lambda i: (cfg, name, i, hub_address, hub_token),
-                       num_cpus=cfg.ray.actor_num_cpus, first_index=first_index)
+                       num_cpus=cfg.ray.actor_num_cpus, first_index=first_index, resources=resources)
 
 
 @dataclass

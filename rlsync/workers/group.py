@@ -82,11 +82,15 @@ class WorkerGroup:
     """
 
     def __init__(self, name: str, worker_cls: type, make_args: Callable[[int], tuple], *,
-                 num_cpus: float = 0.5, env: dict[str, str] | None = None, first_index: int = 0):
+                 num_cpus: float = 0.5, env: dict[str, str] | None = None, first_index: int = 0,
+                 resources: dict[str, float] | None = None):
+        """`resources`: Ray custom resources each actor asks for (e.g. {"pool_node": 1}: only on nodes that have it)."""
         self.name, self.make_args = name, make_args
         self._actor = ray.remote(concurrency_groups={"telemetry": 1})(worker_cls)
         self._opts = dict(num_cpus=num_cpus, max_restarts=0, max_concurrency=1,
                           runtime_env={"env_vars": {**WORKER_ENV, **(env or {})}})
+        if resources:
+            self._opts["resources"] = dict(resources)
         self.members: dict[str, Any] = {}
         self._next = first_index
 
