@@ -1,4 +1,81 @@
+"""Suite-wide set-up: offline model hub and wandb, and the order in which pytest-xdist hands out files.
+
+The suite runs on 2 pytest-xdist workers (`-n 2 --dist loadfile` in pyproject.toml): a whole test file
+goes to one worker, so module-scoped fixtures (one vLLM engine, one hub process) start once and the
+session's Ray cluster starts once per worker. Its wall time is set by the slowest files: they are
+handed out first (LONGEST_FIRST, longest first) so that two of them never end the run in series
+on one worker while the other sits idle. `-n 0` runs everything in this one process, in the same order.
+"""
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
+
+# Test files taking over ~15 s, longest first: an order, not figures (from the suite's --durations on
+# 2 cores, 2026-11-23: the README's idle run for the top five, a run at load 12-40 for the rest).
+# A new file over ~15 s belongs here, by its duration.
+LONGEST_FIRST = [
+    "rl/test_attach_from_shell.py",
+    "vllm/test_grpo_real_e2e.py",
+    "rl/test_elastic_trainer.py",
+    "hub/test_processes.py",
+    "chaos/test_chaos.py",
+    "rl/test_pools.py",
+    "vllm/test_vllm_engine.py",
+    "vllm/test_vllm_weight_transfer.py",
+    "rl/test_plugins.py",
+    "trainer/test_trainer_backend_deepspeed.py",
+    "hub/test_faults.py",
+    "rl/test_rl_config.py",
+    "hub/test_failover.py",
+    "rl/test_rl_loop.py",
+    "rl/test_sync_modes.py",
+    "bench/test_topo.py",
+    "rl/test_rl_e2e.py",
+    "rl/test_rl_stall.py",
+]
+
+
+def pytest_collection_modifyitems(config, items):
+    """Listed files first (in their order), the rest after, each file's tests kept together in order."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    here = os.path.dirname(os.path.abspath(__file__))
+
+    def key(item):
+        rel = os.path.relpath(str(item.path), here).replace(os.sep, "/")
+        return rank.get(rel, len(rank))
+
+    items[:] = sorted(items, key=key)  # stable: unlisted files keep pytest's collection order
+
+
+def pytest_configure(config):
+    """Before the workers start, in the controlling process: what two workers must not make at once."""
+    if hasattr(config, "workerinput"):
+        return
+    _ray_auth_token()
+    _deepspeed_shm_op()
+
+
+def _ray_auth_token():
+    """Ray 2.60 writes ~/.ray/auth_token on the first `ray.init` when it is missing; two workers (or
+    their jobs) starting clusters at once would each write their own, and the cluster whose token was
+    overwritten would refuse its own workers."""
+    if os.environ.get("RAY_AUTH_MODE") == "disabled":
+        return
+    if not os.path.exists(os.path.join(os.path.expanduser("~"), ".ray", "auth_token")):
+        from ray._private.authentication.authentication_token_setup import generate_and_save_token
+
+        generate_and_save_token()  # what Ray's first `ray.init` on this machine would do
+
+
+def _deepspeed_shm_op():
+    """DeepSpeed compiles its CPU shared-memory op on first use (~65 s idle, minutes under load) into
+    TORCH_EXTENSIONS_DIR (scripts/run sets it). Built inside a test, the compile runs under that test's
+    timeout beside the other worker's test; killed midway, it leaves a lock that makes every later
+    DeepSpeed start on the machine fail. So a machine without it builds it here, once, before any test."""
+    ext = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if not ext or os.path.exists(os.path.join(ext, "deepspeed_shm_comm", "deepspeed_shm_comm.so")):
+        return
+    from deepspeed.comm.torch import build_shm_op
+
+    build_shm_op()

@@ -1,4 +1,5 @@
 """One local Ray cluster for the whole session (~7-10 s to start), and a tiny run config."""
+import logging
 import os
 
 import pytest
@@ -13,8 +14,16 @@ def ray_address():
     import ray
 
     started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
+    attempts = 3 if started else 0
+    for attempt in range(1, attempts + 1):
+        try:
+            ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
+            break
+        except Exception as e:  # Ray gives its raylet 30 s to register: a start-up race on a loaded machine
+            if "timed out during startup" not in str(e) or attempt == attempts:
+                raise
+            logging.getLogger(__name__).warning("Ray start-up timed out (attempt %d of %d): retrying", attempt, attempts)
+            ray.shutdown()
     yield ray.get_runtime_context().gcs_address
     if started:
         ray.shutdown()
