@@ -199,14 +199,27 @@ class Session:
         threading.Thread(target=run, name="rlsync-seed-fetch", daemon=True).start()
 
     def _call(self, op: str, **kw):
-        """A control call; if the hub no longer knows us (restart, failover), re-join and retry once."""
+        """A control call; if the hub no longer knows us (restart, failover), re-join and retry once.
+
+        Afterwards `self._rpc.retried` says whether any try of this call may have reached a hub before
+        the one that answered (a publish that committed on a hub that died before answering is then
+        recognised), including tries before a re-join."""
+        retried = False
         for attempt in range(3):
             seen = self._joins
             try:
-                return self._rpc.call(op, **kw)
+                out = self._rpc.call(op, **kw)
             except E.NotJoinedError:
+                retried = retried or self._rpc.retried
                 # Another thread may have re-joined meanwhile (then the retry just works), or the hub
                 # expired us again right after a re-join (a stalled, overloaded machine): re-join again.
                 if self.worker_id is None or attempt == 2:
+                    self._rpc.retried = retried
                     raise
-                self._rejoin(self._rpc, seen)
+                self._rejoin(self._rpc, seen)  # its own calls reset the channel's flag: ours is kept here
+                continue
+            except BaseException:
+                self._rpc.retried = retried or self._rpc.retried
+                raise
+            self._rpc.retried = retried or self._rpc.retried
+            return out

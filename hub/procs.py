@@ -81,17 +81,19 @@ def _worker_main(conn, address: str, token: str, client_cfg) -> None:
         """A trainer: every period, release the last version, overwrite the buffers in place, publish."""
         from .errors import HubError
         v = kw.get("start", 1)
-        live = None
+        live, published = None, None  # the buffers, and the version they hold that is published
         while not loop["stop"].is_set():
-            fresh = make_model(kw["size_mb"], seed=v)
             try:
                 if live is None:
-                    live = fresh
-                else:
-                    client.release(kw["model"], v - 1)
+                    live = make_model(kw["size_mb"], seed=v)
+                elif published is not None:  # (after a failed publish the buffers already hold v)
+                    client.release(kw["model"], published)
+                    published = None
+                    fresh = make_model(kw["size_mb"], seed=v)
                     for name, t in live.items():   # the optimizer step: in place, after release
                         t.copy_(fresh[name])
                 client.publish(kw["model"], v, live)
+                published = v
                 record({"ok": True, "version": v, "time": time.time()})
                 v += 1
             except HubError as e:

@@ -219,6 +219,46 @@ def test_a_sole_source_that_stalls_past_the_io_timeout_is_offered_again_once_hea
         close_all([trainer, reader])  # while the hub still answers their leave
 
 
+def test_a_publish_committed_by_a_hub_that_died_before_answering_is_recognised(tmp_path, wait_until):
+    """The hub journals the commit of v2 and dies before it answers. The publish is sent again to the
+    restarted hub, which first says 'not joined' (the client re-joins), then 'v2 <= latest 2'. The
+    client must recognise its own commit (it registers the identical manifest) instead of raising
+    VersionError: the chaos sweep's trainer (seed 3) lost v54 that way and then failed every publish."""
+    import threading
+
+    import torch
+
+    from rlsync.hub.server import _DEFERRED
+    kw = dict(port=free_port(), journal=str(tmp_path / "journal.db"), token="t" * 48)
+    hub = start_embedded_hub(**kw)
+    trainer = HubClient(hub.address, hub.token, config=ClientConfig(hub_deadline_s=30.0))
+    trainer.join(Location(host="t"))
+    trainer._hb_stop.set()  # no heartbeat re-join racing the publish: its own call meets 'not joined'
+    trainer._hb.join()
+    trainer.publish("policy", 1, {"w": torch.full((256,), 1.0)})
+    server, publish = hub.server, hub.server.op_publish
+
+    def commit_then_die(*a, **k):  # the fault: the commit is journaled, the answer never sent
+        publish(*a, **k)
+        server._stop.set()
+        return _DEFERRED
+
+    server.op_publish = commit_then_die
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.update(committed=trainer.publish("policy", 2, {"w": torch.full((256,), 2.0)})))
+    t.start()
+    wait_until(lambda: not server._thread.is_alive(), what="the hub dying after the commit")
+    hub = start_embedded_hub(**kw)
+    try:
+        t.join(60)
+        assert out == {"committed": True}
+        assert trainer.versions("policy")["held"] == [1, 2]  # v2 registered by its publisher (v1 by the re-join)
+        trainer.release("policy", 2)                       # and its release works
+    finally:
+        trainer.leave()
+        hub.stop()
+
+
 def reading_from(w) -> bool:
     """Some reader is being served by worker `w` right now."""
     return any(x["readers"] for x in w.call("served").values())
