@@ -33,6 +33,12 @@ def test_train_cli_runs_a_tiny_recipe_and_leaves_metrics_trace_wandb_and_checkpo
     assert {"trainer-0", "main-0", "main-1"} <= tracks
     assert any(d.startswith("offline-run-") for d in os.listdir(run_dir / "wandb"))
     assert sorted(os.listdir(run_dir / "checkpoints")) == ["step_0000002", "step_0000003"]
+    # the end-of-run table on stdout (rlsync/telemetry/summary.py): status, steps, the rewards of these rows
+    table = {cells[0]: cells[1] for line in p.stdout.splitlines()
+             if len(cells := [c.strip() for c in line.strip("│ ").split("│")]) == 2}
+    assert table["status"] == "done" and table["steps"] == "3", p.stdout
+    assert table["reward, first / last step"] == f"{rows[0]['reward/mean']:.3f} -> {rows[-1]['reward/mean']:.3f}"
+    assert "all stall" in table and "wall time" in table, p.stdout
 
     from rlsync.report import build_report
 
