@@ -92,10 +92,8 @@ class Driver:
         self.ppr = r.prompts_per_request or max(1, -(-r.prompts_per_step // max(1, self.n_rollout)))
         self._stop_requested = threading.Event()
         self.evals = Evaluator(cfg)
-        self.looping = False
-        """True once the step loop runs (start-up is over): `stop()` then ends the run at the next loop turn."""
-        self.signal_handlers: dict[int, Any] = {}
-        """Handlers to put back after `ray.init` (it replaces SIGTERM's with sys.exit): interrupt.GracefulStop."""
+        self.looping = False  # True once the step loop runs: stop() then ends the run at its next turn
+        self.signal_handlers: dict[int, Any] = {}  # put back after ray.init (it sets SIGTERM's): GracefulStop
 
     def stop(self) -> None:
         """Ask a running `run()` to end at the loop's next turn (<= ~1 s; thread-safe), then shut down as usual.
@@ -144,10 +142,10 @@ class Driver:
                 self.channels.check(timeout_s=30.0)
             except Exception as e:  # noqa: BLE001 - shutting down anyway
                 log.warning("weight channel: %s", e)
-        if getattr(self, "pools", None) is not None:
-            self.pools.shutdown()
-        if getattr(self, "trainers", None) is not None:
-            self.trainers.shutdown()
+        # Start-up cut short (Ctrl-C): workers still importing have nothing to hand off; do not wait 10 s on each.
+        for group in (getattr(self, "pools", None), getattr(self, "trainers", None)):
+            if group is not None:
+                group.shutdown(timeout_s=10.0 if self.looping else 1.0)
         if getattr(self, "_stats_client", None) is not None:
             self._stats_client.close()
         if getattr(self, "hub", None) is not None:
@@ -212,7 +210,8 @@ class Driver:
         finally:
             trace.close()
             logger.close()
-            self._write_memory()
+            if self.looping:  # not after a start-up cut short: workers still importing hold each ask 30 s
+                self._write_memory()
             self._stop()
         return dict(self.totals)
 
