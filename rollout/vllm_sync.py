@@ -36,7 +36,7 @@ from typing import Iterable, Iterator
 
 import torch
 
-from .vllm_engine import VllmEngine
+from .vllm_engine import VllmEngine, WeightApplyError
 
 log = logging.getLogger(__name__)
 
@@ -253,20 +253,31 @@ class HubWeightStage:
             return self._update(version, pipelined)
 
     def _update(self, version, pipelined: bool) -> SyncStats:
+        t0 = time.monotonic()
+        fetch = self._fetch
+        if fetch is not None and fetch.is_alive():
+            # the follower started a prefetch after `update` waited: it writes the same buffers. Seen in a
+            # grpo_vllm run: fetching alongside it, then finding it alive, reported a version as applied
+            # that was not (the engine tagged v5 batches with v4 weights, then never applied v5).
+            fetch.join()
+            self._fetch_error = None  # a failed prefetch: this update fetches again
         if version == "latest":
             version = self.hub.latest(self.model)
             if version is None:
                 raise LookupError(f"the hub has no committed version of {self.model!r}")
-        if self._staging is None or not pipelined:
-            t0 = time.monotonic()
+        if version <= self.engine.version:
+            return SyncStats(version=self.engine.version, fetch_s=0.0, apply_s=0.0, pause_s=0.0, nbytes=0)
+        if self.staged_version != version and (self._staging is None or not pipelined):
             res = self._fetch_into_staging(version)
             self._staged_fetch_s, self._staged_sources = res.seconds, dict(res.bytes_by_source)
             self._staged_transports = dict(res.transports)
             self.staged_version = res.version
+        if self.staged_version == version:
             fetched = time.monotonic()
             stats = self._apply_staged()
-            if stats is None:  # the engine already holds this version
-                return SyncStats(version=res.version, fetch_s=res.seconds, apply_s=0.0, pause_s=0.0, nbytes=0)
+            if stats is None:
+                raise WeightApplyError(f"{self.model} v{version} staged but not applied (engine holds "
+                                       f"v{self.engine.version})")
             stats.fetch_wait_s = fetched - t0
             return stats
         landing = _Landing()
