@@ -1,10 +1,10 @@
 """Suite-wide set-up: offline model hub and wandb, and the order in which pytest-xdist hands out files.
 
-The suite runs on 2 pytest-xdist workers (`-n 2 --dist loadfile` in pyproject.toml): a whole test file
-goes to one worker, so module-scoped fixtures (one vLLM engine, one hub process) start once and the
-session's Ray cluster starts once per worker. Its wall time is set by the slowest files: they are
-handed out first (LONGEST_FIRST, longest first) so that two of them never end the run in series
-on one worker while the other sits idle. `-n 0` runs everything in this one process, in the same order.
+CI runs the suite on 2 pytest-xdist workers (`.ci/run`: `-n 2`; `--dist loadfile` in pyproject.toml):
+a whole test file goes to one worker, so module-scoped fixtures (one vLLM engine, one hub process)
+start once, and the session's Ray cluster starts once per worker. The wall time is set by the slowest
+files: they are handed out first (LONGEST_FIRST) so that two of them never end the run in series on
+one worker while the other sits idle. Without -n, everything runs in this one process, in that order.
 """
 import os
 
