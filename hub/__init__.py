@@ -10,7 +10,7 @@ Public API:
 from importlib import import_module
 
 _EXPORTS = {
-    "ClientConfig": ".client", "FetchResult": ".client", "HubClient": ".client", "HubError": ".errors",
+    "ClientConfig": ".client_config", "FetchResult": ".client", "HubClient": ".client", "HubError": ".errors",
     "Location": ".location", "Manifest": ".manifest", "ManifestConfig": ".manifest", "PlannerConfig": ".planner",
     "RetentionConfig": ".retention", "EmbeddedHub": ".server", "HubServer": ".server",
     "start_embedded_hub": ".server", "ReplicaId": ".replica_id", "Shard": ".shard", "HubConfig": ".state", "errors": ".errors",

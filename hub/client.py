@@ -26,16 +26,15 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from dataclasses import dataclass, field
 from typing import Callable
 
 from . import errors as E
+from .client_config import ClientConfig, DataPlaneConfig  # torch-free home of the configs (run schema)
 from .client_fetch import FetchResult, Fetching
 from .client_publish import Publishing
 from .client_session import Session
-from .dataplane import DataPlaneConfig, DataServer
+from .dataplane import DataServer
 from .location import Location
-from .manifest import ManifestConfig
 from .replica_id import ReplicaId
 from .rpc import RpcChannel, read_token
 from .shard import Shard
@@ -45,26 +44,6 @@ from .tickets import ReaderKey
 __all__ = ["ClientConfig", "FetchResult", "HubClient", "ReplicaId"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(kw_only=True, slots=True)
-class ClientConfig:
-    manifest: ManifestConfig = field(default_factory=ManifestConfig)
-    """How published tensors are cut into transfer units."""
-    dataplane: DataPlaneConfig = field(default_factory=DataPlaneConfig)
-    """This worker's data-plane server."""
-    transport: str | None = None
-    """Force one transport ('tcp-py', 'shm', ...) instead of the best usable per peer."""
-    rpc_timeout_s: float = 10.0
-    """Deadline of one try of a control RPC (retried with backoff while the hub is unreachable)."""
-    hub_deadline_s: float = 60.0
-    """How long calls keep retrying an unreachable hub (restart, failover) before HubUnavailableError."""
-    replan_attempts: int = 4
-    """How many times one fetch asks the hub for new sources after sources died or stalled."""
-    heartbeat_s: float = 1.0
-    """Heartbeat period; the hub expires a worker silent for its worker_timeout_s."""
-    release_timeout_s: float | None = None
-    """Deadline for a release (waiting for readers to drain); None waits as long as it takes."""
 
 
 class HubClient(Session, Publishing, Fetching):

@@ -14,11 +14,11 @@ import logging
 import socket
 import threading
 import time
-from dataclasses import dataclass
 
 import msgpack
 
 from . import errors as E
+from .client_config import DataPlaneConfig  # noqa: F401 - `rlsync.hub.dataplane.DataPlaneConfig` (torch-free home)
 from .dataplane_wire import ERR, MAGIC, MAX_REQUEST_BYTES, OK, REQ, UNIT, WHOLE
 from .manifest import unit_checksum
 from .store import LocalReplica, ReplicaStore
@@ -27,24 +27,6 @@ from .transports.base import Transport, recv_exact, transport_by_kind
 
 log = logging.getLogger(__name__)
 
-
-
-@dataclass(kw_only=True, slots=True)
-class DataPlaneConfig:
-    host: str = "127.0.0.1"
-    """Address the data-plane server binds; loopback unless the deployment spans hosts."""
-    io_timeout_s: float = 30.0
-    """A peer silent this long on an open data connection is treated as dead."""
-    relay_wait_s: float = 120.0
-    """How long a relay's server waits for a unit it has not received yet."""
-    streams: int = 2
-    """Parallel connections per source a reader opens, units striped over them (capped by the
-    transport's `max_streams`: 1 for tcp-py and shm, whose per-unit verification holds the GIL)."""
-    register_wait_s: float = 5.0
-    """How long a request with a valid ticket waits for a relay the hub advertised but this worker has
-    not registered yet (it is still receiving its own plan)."""
-    serve_delay_s: float = 0.0
-    """Fault injection for tests: sleep before sending each unit (a slow source). Keep 0."""
 
 
 def send_error(conn: socket.socket, unit: int, err: E.HubError) -> None:

@@ -19,8 +19,6 @@ from omegaconf import DictConfig
 
 from rlsync.config import CHATTER, ConfigError, register_configs, to_config, unknown_override
 from rlsync.core.registry import UnknownNameError
-from rlsync.driver.interrupt import EXIT_INTERRUPTED, GracefulStop
-from rlsync.telemetry.summary import print_run_summary, summarize_run
 from rlsync.hub.logs import quiet_console
 
 log = logging.getLogger("rlsync.train")
@@ -30,13 +28,16 @@ register_configs()
 def main(dcfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
-    from rlsync.driver import Driver
-
     quiet_console(CHATTER)  # Hydra's own file handler (<run dir>/train.log) keeps them
     try:
         cfg = to_config(dcfg)
     except (ConfigError, UnknownNameError) as e:  # before Ray starts: the key and the valid choices
         sys.exit(f"error: {e}")
+    # the run machinery (Ray, the hub, the workers, rich) only once the config is valid: a bad value fails fast
+    from rlsync.driver import Driver
+    from rlsync.driver.interrupt import EXIT_INTERRUPTED, GracefulStop
+    from rlsync.telemetry.summary import print_run_summary, summarize_run
+
     run_dir = cfg.run_dir or HydraConfig.get().runtime.output_dir
     driver, t0 = Driver(cfg, run_dir), time.monotonic()
     with GracefulStop(driver, run_dir) as stop:  # Ctrl-C / SIGTERM: stop at the next loop turn, then wind down

@@ -17,8 +17,6 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-import ray
-
 log = logging.getLogger(__name__)
 
 
@@ -63,6 +61,8 @@ class Evaluator:
         handle = next((h for p in driver.pools.pools.values() for h in p.group.members.values()), None)
         if handle is None:
             return {}
+        import ray  # here, not at module level: the config schema (EvalConfig) stays Ray-free
+
         try:
             out = ray.get(handle.evaluate.remote(self.prompts(), step), timeout=self.cfg.timeout_s)
         except Exception as e:  # noqa: BLE001 - an eval lost with a preempted worker must not end the run

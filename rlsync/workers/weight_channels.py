@@ -29,9 +29,10 @@ import datetime
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-import torch
+if TYPE_CHECKING:  # torch is imported where it is used: the config schema (SyncConfig) stays torch-free
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +122,8 @@ class GlooBroadcast:
         self.rank, self.world_size = rank, world_size
 
     def rendezvous(self, version: int) -> int:
+        import torch
+
         v = torch.tensor([version], dtype=torch.long)
         self.pg.broadcast(v, 0).wait()
         return int(v.item())
@@ -132,6 +135,8 @@ class GlooBroadcast:
 
 def recv_buffers(meta: Mapping[str, tuple[tuple[int, ...], str]]) -> dict[str, torch.Tensor]:
     """Receive buffers from (shape, dtype name) metadata (what the trainer's `ready()` reports)."""
+    import torch
+
     return {n: torch.empty(shape, dtype=getattr(torch, dt)) for n, (shape, dt) in meta.items()}
 
 
