@@ -198,6 +198,17 @@ def test_the_defaults_and_every_recipe_pass_the_value_rules():
         check_config(to_config(_compose(f"+recipe={recipe}")))
 
 
+# `python -m rlsync.train ...` in a wrapper that, at exit, prints which heavy packages the process had imported:
+# the failure path must not import the run machinery (Ray, transformers, vLLM), so a bad value fails fast.
+_TRAIN_REPORTING_IMPORTS = """
+import runpy, sys
+try:
+    runpy.run_module("rlsync.train", run_name="__main__", alter_sys=True)
+finally:
+    print("imported at exit:", sorted(m for m in ("ray", "transformers", "vllm") if m in sys.modules), file=sys.stderr)
+"""
+
+
 @pytest.mark.timeout(300)  # 4 interpreter starts: ~5 s each idle, ~8-20 s each at load 80
 def test_a_typo_fails_in_seconds_before_ray_starts_naming_the_key(tmp_path):
     import subprocess
@@ -205,7 +216,7 @@ def test_a_typo_fails_in_seconds_before_ray_starts_naming_the_key(tmp_path):
 
     for override, named in [("trainer.lrr=1", "trainer.lrr"), ("+trainer.lrr=1", "trainer.lrr"),
                             ("trainer.backend=jax", "trainer.backend"), ("steps=0", "steps=0")]:
-        p = subprocess.run([sys.executable, "-m", "rlsync.train", "+recipe=grpo_standalone", override,
+        p = subprocess.run([sys.executable, "-c", _TRAIN_REPORTING_IMPORTS, "+recipe=grpo_standalone", override,
                             f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
         assert p.returncode != 0 and named in p.stderr, p.stderr[-2000:]
-        assert "ray" not in p.stderr.lower().replace("array", ""), p.stderr[-2000:]    # Ray never started
+        assert "imported at exit: []" in p.stderr, p.stderr[-2000:]    # neither Ray nor the model packages loaded
