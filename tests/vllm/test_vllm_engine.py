@@ -201,3 +201,17 @@ def test_follow_prefetches_each_new_version_while_generating(rig):
         assert stats.pause_s < stats.apply_s + 1.0   # the fetch is not in the pause
     finally:
         rig.stage.close()
+
+
+def test_update_waits_for_a_prefetch_started_meanwhile(rig):
+    """The follower may start a prefetch between `update`'s wait and its lock (seen in a grpo_vllm run:
+    the update then reported a version it never applied). The update waits for it and applies the
+    version: what it reports is what the engine holds."""
+    v = rig.publish(seed=12)
+    assert rig.stage.prefetch(v)
+    with rig.stage._lock:                       # the moment after `update` waited, before `_update`
+        stats = rig.stage._update(v, False)
+    assert stats.version == v == rig.engine.version and stats.apply_s > 0
+    assert rig.engine.generate(rig.prompts[:1]).version == v
+    again = rig.stage.update(v)                 # already held: nothing fetched, nothing applied
+    assert again.version == v and again.apply_s == 0 and again.nbytes == 0
