@@ -71,14 +71,11 @@ class Releases:
         leaving = r.id in self.handoffs
         target = self.handoffs.get(r.id, "")
         target = target if target in self.workers else ""  # the one asked before died: ask another
-        # A leaving worker's other copies (its seeds) go with it: they are not "other" copies then.
-        others = [p for p in peers if p.full and not p.releasing and not (leaving and p.worker == r.worker)]
-        return ReleaseView(retained=self.is_retained(r.model, r.version), other_full=len(others),
+        return ReleaseView(retained=self.is_retained(r.model, r.version),
+                           other_full=sum(1 for p in peers if p.full and not p.releasing),
                            relays=sum(1 for p in peers if not p.full), inflight=self.inflight_from(r.id),
                            seed_slot=r.slot == "seed", leaving=leaving, handoff_target=target,
-                           seed_candidate=self._seed_worker_for(r) if leaving and not target else "",
-                           origin=r.origin and r.slot == "live",
-                           own_seed=any(p.worker == r.worker and p.slot == "seed" and p.full for p in peers))
+                           seed_candidate=self._seed_worker_for(r) if leaving and not target else "")
 
     def _seed_worker_for(self, r: ReplicaRec) -> str:
         """The nearest live seed worker that does not already hold or fetch this shard, or ''."""

@@ -7,11 +7,11 @@ import torch
 
 from rlsync.hub.location import Location
 from rlsync.hub.manifest import ManifestConfig, build_manifest
-from rlsync.hub.retention import (KEEP_OLD, Action, ReleaseDecision, ReleaseView, RetentionConfig, RetentionPolicy,
-                                  SeedWorker, choose_seed_worker, decide_release, drop_seed, forget_below,
-                                  forgettable, is_retained)
+from rlsync.hub.retention import (KEEP_OLD, Action, ReleaseDecision, ReleaseView, RetentionConfig, SeedWorker,
+                                  choose_seed_worker, decide_release, drop_seed, forget_below, forgettable,
+                                  is_retained)
 from rlsync.hub.shard import Shard
-from rlsync.hub.state import DONE, PENDING, SEED, HubConfig, HubState
+from rlsync.hub.state import PENDING, HubConfig, HubState
 
 CFG, PREFER_SEED = RetentionConfig(), RetentionConfig(prefer_seed=True)
 
@@ -35,21 +35,6 @@ CFG, PREFER_SEED = RetentionConfig(), RetentionConfig(prefer_seed=True)
     # leaving, but a relay will complete: no hand-off needed
     (CFG, ReleaseView(retained=True, other_full=0, relays=1, leaving=True, seed_candidate="s1"),
      ReleaseDecision(Action.WAIT)),
-    # the origin's copy (the publisher's) needs min_full_copies (default 2) other full copies, or its own seed
-    (CFG, ReleaseView(retained=True, other_full=1, relays=0, origin=True), ReleaseDecision(Action.SEED)),
-    (CFG, ReleaseView(retained=True, other_full=1, relays=1, origin=True), ReleaseDecision(Action.WAIT)),
-    (PREFER_SEED, ReleaseView(retained=True, other_full=1, relays=1, origin=True), ReleaseDecision(Action.SEED)),
-    (CFG, ReleaseView(retained=True, other_full=2, relays=0, origin=True), ReleaseDecision(Action.RELEASE)),
-    (CFG, ReleaseView(retained=True, other_full=1, relays=0, origin=True, own_seed=True),
-     ReleaseDecision(Action.RELEASE)),
-    (CFG, ReleaseView(retained=False, other_full=0, relays=0, origin=True), ReleaseDecision(Action.RELEASE)),
-    (RetentionConfig(min_full_copies=1), ReleaseView(retained=True, other_full=1, relays=0, origin=True),
-     ReleaseDecision(Action.RELEASE)),
-    (RetentionConfig(min_full_copies=3), ReleaseView(retained=True, other_full=2, relays=0, origin=True),
-     ReleaseDecision(Action.SEED)),
-    # a leaving origin cannot stay: one other full copy (its relay or seed worker) suffices
-    (CFG, ReleaseView(retained=True, other_full=1, relays=0, origin=True, leaving=True, handoff_target="s1"),
-     ReleaseDecision(Action.RELEASE)),
 ])
 def test_decide_release(cfg, view, want):
     assert decide_release(cfg, view) == want
@@ -92,26 +77,3 @@ def test_handoff_to_a_seed_worker_that_dies_asks_another():
     s2 = s.join("s2", Location(host="s2"), {"tcp": "z"}, role="seed")
     assert s.poll_releases() == {}                  # still pending: the last copy waits for its taker
     assert s.tasks_for(s2) == [["p", 1, "tp0-pp0", [1, 1]]]
-
-
-@pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True])
-def test_min_full_copies_validated(bad):
-    with pytest.raises(ValueError, match="min_full_copies"):
-        RetentionPolicy(RetentionConfig(min_full_copies=bad))
-
-
-def test_origin_keeps_its_copy_while_one_reader_holds_the_version():
-    """Issue 18's loss: the trainer let go of v once ONE reader held it, then that reader was kill -9'd.
-    Now the release asks the trainer to seed a host copy first; the reader's death loses nothing."""
-    m = build_manifest({"w": torch.ones(8)}, ManifestConfig())
-    s = HubState(HubConfig())
-    t = s.join("t", Location(host="t"), {"tcp": "x"})
-    r = s.join("r", Location(host="r"), {"tcp": "y"})
-    assert s.publish(t, "p", 1, Shard(), m)
-    s.fetch_done(r, s.plan_fetch(r, "p", 1, Shard()).fetch_id, True)
-    assert s.release(t, "p", 1, Shard()) is SEED         # one other full copy is not enough
-    s.register_replica(t, "p", 1, Shard(), "seed", m)     # the client's offload seed (host copy)
-    assert s.release(t, "p", 1, Shard()) is DONE          # its own seed keeps the origin's copy
-    s.remove_worker(r)                                    # the reader is kill -9'd (expired)
-    plan = s.plan_fetch(s.join("r2", Location(host="r2"), {"tcp": "z"}), "p", 1, Shard())
-    assert {rec.worker for rec, _, _ in plan.sources} == {t}
