@@ -1,0 +1,216 @@
+"""`python -m rlsync.bench hub_scale`: the hub's control plane at 100 / 1,000 / 10,000 workers.
+
+    python -m rlsync.bench hub_scale [--sizes 100,1000,10000] [--json F] [--budget-s 60] [--no-rpc]
+
+In-process (the project's own `HubState` and planner, no sockets), on a realistic topology (4 DCs x
+16 racks, hosts of 8 workers; a 1,001-unit 8 GiB manifest; the trainer in dc0):
+- plan latency p50/p99 of one fetch of the newest version (half the workers hold it), idle and with
+  open fetches (N/10, at most 1,000, left open by other readers);
+- a herd: every worker plans a fetch of a new version at once (none completes meanwhile):
+  time until all are planned;
+- a re-join storm: a restarted hub (the version restored from the journal) and every worker joining
+  again under its id and re-registering what it holds, each message checked as the server checks it
+  (`wire_args.check_args`, i.e. the manifest parsed from its wire form).
+Against a real `python -m rlsync.hub serve` process (bench/_hub_scale_rpc.py): control RPCs per
+second from many concurrent lightweight clients (heartbeats; fetch plans), and the hub's RSS per
+worker and per connection. Every phase is bounded by `--budget-s`: a phase that runs out reports how
+far it got (`*_done`) and no figure. CPU time is reported beside wall time (2 shared cores).
+A benchmark: it reports, it asserts nothing (docs/scale.md quotes it).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import random
+import statistics
+import time
+
+import logging
+
+from rlsync.bench import register_scenario
+from rlsync.hub.location import Location
+from rlsync.hub.manifest import Manifest, TensorSpec, Unit
+from rlsync.hub.shard import Shard
+from rlsync.hub.state import HubConfig, HubState
+from rlsync.hub.wire_args import check_args
+
+MODEL, SHARD = "policy", Shard()
+DCS, RACKS, PER_HOST = 4, 16, 8
+UNIT_BYTES = 8 << 20
+
+
+def location(i: int) -> Location:
+    """Worker i: host i // 8; hosts spread over 4 DCs, then 16 racks per DC."""
+    h = i // PER_HOST
+    return Location(dc=f"dc{h % DCS}", rack=f"r{(h // DCS) % RACKS}", host=f"h{h}")
+
+
+def big_manifest(units: int = 1001, seed: int = 0) -> Manifest:
+    """`units` tensors of 8 MiB, one transfer unit each (an 8 GiB model); checksums are arbitrary."""
+    rng = random.Random(seed)
+    n = UNIT_BYTES // 4
+    tensors = tuple(TensorSpec(f"layer{i}.weight", "float32", (n,), UNIT_BYTES) for i in range(units))
+    us = tuple(Unit(((i, 0, UNIT_BYTES),), UNIT_BYTES, rng.getrandbits(64)) for i in range(units))
+    return Manifest(tensors, us, UNIT_BYTES * units)
+
+
+def endpoint(i: int) -> dict:
+    return {"tcp": f"10.0.{i // 250}.{i % 250}:7000", "reader_key": i.to_bytes(32, "little")}
+
+
+class Cluster:
+    """A HubState with a trainer (dc0) and `n` workers that all hold v1 (as after a completed fetch)."""
+
+    def __init__(self, n: int, manifest: Manifest) -> None:
+        self.manifest = manifest
+        self.state = HubState(HubConfig(worker_timeout_s=1e9))
+        s = self.state
+        self.trainer = s.join("trainer", Location(dc="dc0", rack="r0", host="trainer"), endpoint(10**6))
+        s.publish(self.trainer, MODEL, 1, SHARD, manifest)
+        self.workers = [s.join(f"w{i}", location(i), endpoint(i)) for i in range(n)]
+        for w in self.workers:
+            s.register_replica(w, MODEL, 1, SHARD, "live", manifest)
+
+    def publish(self, version: int, holders: list[str]) -> None:
+        self.state.publish(self.trainer, MODEL, version, SHARD, self.manifest)
+        for w in holders:
+            self.state.register_replica(w, MODEL, version, SHARD, "live", self.manifest)
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+def plan_latency(c: Cluster, readers: list[str], samples: int, budget_s: float) -> dict:
+    """Time single plans of the newest version; each is undone (fetch_done not ok) so the state stays put."""
+    s, wall, cpu = c.state, [], []
+    end = time.monotonic() + budget_s
+    for w in readers[:samples]:
+        t0, c0 = time.perf_counter(), time.process_time()
+        p = s.plan_fetch(w, MODEL, "latest", SHARD)
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+        s.fetch_done(w, p.fetch_id, False)
+        if time.monotonic() > end and len(wall) >= 5:
+            break
+    return {"n": len(wall), "p50_ms": 1e3 * statistics.median(wall), "p99_ms": 1e3 * _pct(wall, 0.99),
+            "cpu_p99_ms": 1e3 * _pct(cpu, 0.99)}
+
+
+def herd(c: Cluster, version: int, budget_s: float) -> dict:
+    """Every worker plans a fetch of `version` (only the trainer holds it); none completes meanwhile."""
+    c.publish(version, [])
+    t0, c0 = time.perf_counter(), time.process_time()
+    end = time.monotonic() + budget_s
+    done = 0
+    for w in c.workers:
+        c.state.plan_fetch(w, MODEL, version, SHARD)
+        done += 1
+        if time.monotonic() > end:
+            break
+    wall = time.perf_counter() - t0
+    out = {"done": done, "of": len(c.workers), "cpu_s": time.process_time() - c0, "elapsed_s": wall}
+    out["s"] = wall if done == len(c.workers) else None
+    return out
+
+
+def rejoin_storm(c: Cluster, budget_s: float) -> dict:
+    """A restarted hub: v1 restored, every worker re-joins under its id and re-registers v1 (wire-checked)."""
+    s = HubState(HubConfig(worker_timeout_s=1e9), id_prefix="2.")
+    s.restore_committed(MODEL, 1, SHARD.group, {SHARD.key: c.manifest})
+    wire = c.manifest.to_wire()
+    t0, c0 = time.perf_counter(), time.process_time()
+    end = time.monotonic() + budget_s
+    done = 0
+    for i, w in enumerate(c.workers):
+        a = check_args("join", {"name": f"w{i}", "location": location(i).to_wire(), "endpoint": endpoint(i),
+                                "worker_id": w})
+        s.join(**a)
+        a = check_args("register", {"wid": w, "model": MODEL, "version": 1, "shard": SHARD.to_wire(),
+                                    "slot": "live", "manifest": wire})
+        s.register_replica(**a)
+        done += 1
+        if time.monotonic() > end:
+            break
+    wall = time.perf_counter() - t0
+    return {"done": done, "of": len(c.workers), "elapsed_s": wall, "cpu_s": time.process_time() - c0,
+            "s": wall if done == len(c.workers) else None}
+
+
+def in_process(n: int, manifest: Manifest, samples: int, budget_s: float) -> dict:
+    rng = random.Random(n)
+    t0 = time.perf_counter()
+    c = Cluster(n, manifest)
+    out: dict = {"workers": n, "setup_s": time.perf_counter() - t0}
+    half = c.workers[::2]
+    c.publish(2, half)                                   # v2: every other worker holds it
+    readers = c.workers[1::2]
+    rng.shuffle(readers)
+    out["plan_idle"] = plan_latency(c, readers, samples, budget_s)
+    nopen = min(n // 10, 1000)
+    for w in readers[samples:samples + nopen]:           # open fetches by other readers, left open
+        c.state.plan_fetch(w, MODEL, "latest", SHARD)
+    out["open_fetches"] = nopen
+    out["plan_open"] = plan_latency(c, readers, samples, budget_s)
+    del c
+    gc.collect()
+    c = Cluster(n, manifest)
+    out["herd"] = herd(c, 2, budget_s)
+    out["rejoin_storm"] = rejoin_storm(c, budget_s)
+    return out
+
+
+@register_scenario("hub_scale")
+def hub_scale_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m rlsync.bench hub_scale", description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", default="100,1000,10000", help="joined workers, comma-separated")
+    p.add_argument("--units", type=int, default=1001, help="transfer units in the manifest")
+    p.add_argument("--samples", type=int, default=300, help="plans timed per latency figure")
+    p.add_argument("--budget-s", type=float, default=60.0, help="wall-time bound of every phase")
+    p.add_argument("--rpc-workers", type=int, default=2000, help="workers joined over RPC for the throughput run")
+    p.add_argument("--rpc-clients", type=int, default=2, help="client processes driving the hub")
+    p.add_argument("--rpc-seconds", type=float, default=5.0, help="length of each RPC throughput phase")
+    p.add_argument("--no-rpc", action="store_true", help="skip the real-server phases")
+    p.add_argument("--json", help="write every figure here")
+    a = p.parse_args(argv)
+    sizes = [int(x) for x in a.sizes.split(",") if x]
+    if not sizes or min(sizes) < 2 or a.units < 1 or a.samples < 1 or a.budget_s <= 0:
+        p.error("--sizes >= 2 each, --units/--samples >= 1, --budget-s > 0")
+    logging.getLogger("rlsync.hub.state").setLevel(logging.WARNING)  # a commit line per phase is noise
+    manifest = big_manifest(a.units)
+    res: dict = {"load_start": os.getloadavg()[0], "units": a.units, "by_size": {}}
+    for n in sizes:
+        r = in_process(n, manifest, a.samples, a.budget_s)
+        res["by_size"][str(n)] = r
+        pi, po, h, st = r["plan_idle"], r["plan_open"], r["herd"], r["rejoin_storm"]
+        print(f"{n:>6} workers: plan p50/p99 {pi['p50_ms']:.2f}/{pi['p99_ms']:.2f} ms idle (n={pi['n']}), "
+              f"{po['p50_ms']:.2f}/{po['p99_ms']:.2f} ms with {r['open_fetches']} open (n={po['n']}); "
+              f"herd {_fmt(h)}; re-join storm {_fmt(st)}; load {os.getloadavg()[0]:.1f}", flush=True)
+    if not a.no_rpc:
+        from rlsync.bench._hub_scale_rpc import rpc_throughput
+        res["rpc"] = rpc_throughput(a.rpc_workers, a.rpc_clients, a.rpc_seconds, manifest, a.budget_s)
+        rp = res["rpc"]
+        print(f"RPC ({a.rpc_workers} workers, {a.rpc_clients} client processes, {rp['connections']} connections): "
+              f"heartbeat {rp['heartbeat_per_s']:.0f}/s, fetch cycle {rp['fetch_rpc_per_s']:.0f} RPC/s ({rp['fetch_plans_per_s']:.0f} plans/s); hub CPU "
+              f"{rp['hub_cpu_share']:.2f} core; hub RSS {rp['rss_per_worker_kb']:.2f} KB/worker; load {os.getloadavg()[0]:.1f}", flush=True)
+        res["rpc_per_s"] = rp["rpc_per_s"]  # the slower of heartbeats and fetch cycles
+    big = res["by_size"].get("10000")
+    if big:
+        res["plan_p99_ms_10k"] = big["plan_idle"]["p99_ms"]
+        res["plan_open_p99_ms_10k"] = big["plan_open"]["p99_ms"]
+        res["herd_10k_s"] = big["herd"]["s"]
+        res["rejoin_10k_s"] = big["rejoin_storm"]["s"]
+    res["load_end"] = os.getloadavg()[0]
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1)
+    return 0
+
+
+def _fmt(ph: dict) -> str:
+    if ph["s"] is not None:
+        return f"{ph['s']:.2f} s ({ph['cpu_s']:.2f} s CPU)"
+    return f"{ph['done']} of {ph['of']} in {ph['elapsed_s']:.0f} s (budget out)"
