@@ -9,6 +9,7 @@ machine says it is done. A periodic tick expires silent workers and re-checks pe
 """
 from __future__ import annotations
 
+import gc
 import hmac
 import logging
 import os
@@ -23,14 +24,14 @@ import zmq
 from . import errors as E
 from .journal import Journal
 from .location import Location
-from .manifest import Manifest
 from .replica_id import ReplicaId
 from .rpc import MAX_MESSAGE_BYTES, pack, read_or_create_token, unpack
+from .server_load import HubLoad, ManifestBytes, packed_map
 from .shard import Shard
 from .state import DONE, KEEP_OLD, PENDING, HubConfig, HubState
 from .state_records import HolderSilentError
 from .tickets import Ticket, TicketSigner
-from .wire_args import SPECS, check_args
+from .wire_args import SPECS, check_args, manifest_from_wire
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ class HubServer:
         restored = 0
         for model, version, group, manifests, _ in self.journal.load():
             self.state.restore_committed(model, version, group,
-                                         {k: Manifest.from_wire(m) for k, m in manifests.items()})
+                                         {k: manifest_from_wire(m) for k, m in manifests.items()})
             restored += 1
         # A restart: replica locations are soft state the workers re-register within a heartbeat or
         # two. Until then "no holder" is not an answer: such fetches wait (parked) for them.
@@ -70,6 +71,8 @@ class HubServer:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.rpc_count = 0
+        self.load = HubLoad()
+        self._manifest_bytes = ManifestBytes()
         self.bytes_in = 0
         self.bytes_out = 0
 
@@ -96,6 +99,7 @@ class HubServer:
                     self._flush_releases()
                     self._retry_parked()
                 if time.monotonic() >= next_tick:
+                    self.load.tick(self.rpc_count)
                     self._expire()
                     self._flush_releases()
                     self._retry_parked()
@@ -117,8 +121,10 @@ class HubServer:
 
     # ------------------------------------------------------------------ requests
     def _reply(self, ident: bytes, rid, ok: bool, payload) -> None:
-        msg = {"id": rid, "ok": ok, ("result" if ok else "error"): payload}
-        data = pack(msg)
+        if isinstance(payload, _Packed):  # a result already in msgpack form (a plan: its manifest is cached)
+            data = packed_map({"id": rid, "ok": ok}, {"result": payload})
+        else:
+            data = pack({"id": rid, "ok": ok, ("result" if ok else "error"): payload})
         self.bytes_out += len(data)
         self._sock.send_multipart([ident, b"", data])
 
@@ -174,8 +180,12 @@ class HubServer:
         """Expire silent workers. One that held a full replica may only have been slow (a stalled or
         overloaded machine): for `reregister_grace_s` a fetch that finds no holder waits (parked) for
         it to re-join and re-register, as after a restart, before the hub answers lost."""
-        holders = {r.worker for r in self.state.replicas.values() if r.full}
-        if holders.intersection(self.state.expire()):
+        dead = self.state.silent_workers()
+        if not dead:
+            return
+        held = any(self.state.holds_full(w) for w in dead)
+        self.state.expire(dead)
+        if held:
             self._grace_until = max(self._grace_until, time.monotonic() + self.cfg.reregister_grace_s)
 
     def _retry_parked(self) -> None:
@@ -225,20 +235,26 @@ class HubServer:
         return self.state.register_replica(wid, model, version, shard, slot, manifest)
 
     def op_fetch(self, ident, rid, wid: str, model: str, version, shard: Shard, group=None, into_spec=None):
+        t0 = time.perf_counter()
         plan = self.state.plan_fetch(wid, model, version, shard, group, into_spec)
-        return self._plan_reply(wid, plan)
+        return self._plan_reply(wid, plan, t0)
 
     def op_replan(self, ident, rid, wid: str, fetch_id: str, failed: list, units: list):
-        return self._plan_reply(wid, self.state.replan(wid, fetch_id, failed, units))
+        t0 = time.perf_counter()
+        return self._plan_reply(wid, self.state.replan(wid, fetch_id, failed, units), t0)
 
-    def _plan_reply(self, wid: str, plan) -> dict:
+    def _plan_reply(self, wid: str, plan, t0: float) -> "_Packed":
         exp = time.time() + self.cfg.ticket_ttl_s
         key = self.state.workers[wid].endpoint["reader_key"]  # join checked it is there
-        return {"fetch_id": plan.fetch_id, "version": plan.version, "manifest": plan.manifest.to_wire(), "held": plan.held,
-                "sources": [{"replica": rep.id, "worker": w.id, "endpoint": w.endpoint,
-                             "location": w.location.to_wire(), "units": units, "full": rep.full,
-                             "ticket": self.signer.sign(Ticket(plan.fetch_id, wid, key, w.id, rep.id, exp))}
-                            for rep, w, units in plan.sources]}
+        out = _Packed(packed_map(
+            {"fetch_id": plan.fetch_id, "version": plan.version, "held": plan.held,
+             "sources": [{"replica": rep.id, "worker": w.id, "endpoint": w.endpoint,
+                          "location": w.location.to_wire(), "units": units, "full": rep.full,
+                          "ticket": self.signer.sign(Ticket(plan.fetch_id, wid, key, w.id, rep.id, exp))}
+                         for rep, w, units in plan.sources]},
+            {"manifest": self._manifest_bytes.get(plan.manifest)}))
+        self.load.plan_done(time.perf_counter() - t0)
+        return out
 
     def op_fetch_done(self, ident, rid, wid: str, fetch_id: str, ok: bool):
         self.state.fetch_done(wid, fetch_id, ok)
@@ -258,7 +274,7 @@ class HubServer:
 
     def op_versions(self, ident, rid, model: str):
         m = self.state.model(model)
-        held = {r.version for r in self.state.replicas.values() if r.model == model and r.full}
+        held = self.state.held_versions(model)
         return {"latest": m.latest, "committed": list(m.committed),
                 "retained": sorted(v for v in m.versions if self.state.is_retained(model, v)),
                 "held": sorted(held)}
@@ -266,10 +282,16 @@ class HubServer:
     def op_stats(self, ident, rid):
         s = self.state.stats()
         s.update(rpc_count=self.rpc_count, rpc_bytes_in=self.bytes_in, rpc_bytes_out=self.bytes_out)
+        s.update(self.load.snapshot(self.rpc_count, [w.last_seen for w in self.state.workers.values()],
+                                    self.state.clock()))
         return s
 
 
 _DEFERRED = object()
+
+
+class _Packed(bytes):
+    """An operation's result already encoded as msgpack (`_reply` embeds it as is)."""
 KEY_SUFFIX = ".ticket-key"
 
 
@@ -318,11 +340,20 @@ def start_embedded_hub(*, host: str = "127.0.0.1", port: int = 0, token: str | N
     return EmbeddedHub(server, server.address, token)
 
 
+def serving_gc() -> None:
+    """GC thresholds for a hub process. Its tables hold ~10^5 long-lived records at 10k workers, and
+    every message it unpacks allocates hundreds of containers (thousands for a manifest): with Python's
+    defaults (700, 10, 10) the collector took ~3/4 of the CPU of unpacking a 1,000-unit manifest.
+    Only the standalone server sets this (an embedded hub leaves its host process's GC alone)."""
+    gc.set_threshold(10_000, 50, 100)
+
+
 def serve_main(host: str, port: int, token_file: str, journal: str, config: HubConfig | None = None) -> None:
     """Serve until SIGTERM or SIGINT, then stop cleanly: the loop ends within one tick, the journal is
     checkpointed and closed, and the process exits 0. A restart on the same journal resumes as after
     a kill -9 (workers re-register what they hold)."""
     token = read_or_create_token(token_file)
+    serving_gc()
     server = HubServer(host=host, port=port, token=token, journal=journal, config=config)
 
     def stop(signum, _frame) -> None:

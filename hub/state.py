@@ -11,6 +11,7 @@ One class, split by protocol into mixins (one file each; they share the tables m
     state_fetches.py   Fetches   plan / re-plan / finish a fetch (the planner picks sources)
     state_releases.py  Releases  release steps (retention decides), hand-offs, seed drops and tasks
     state_records.py             the records those tables hold (WorkerRec, ReplicaRec, ...)
+    state_index.py               the tables' indexes, kept current on every write (no scans)
 Mixins rather than composed helper objects: every protocol reads and writes the same tables in
 one single-threaded step, and the server and tests call `HubState` methods directly; helpers
 would each need the whole state back anyway.
@@ -28,6 +29,7 @@ from typing import Callable
 from .planner import Planner, PlannerConfig
 from .retention import KEEP_OLD, RetentionConfig, RetentionPolicy
 from .state_fetches import Fetches, check_into_spec
+from .state_index import FetchTable, ReplicaTable, StateIndex
 from .state_records import (DONE, PENDING, SEED, FetchRec, ModelRec, Pin, Plan, Release, ReplicaRec,
                             VersionRec, WorkerRec)
 from .state_releases import Releases
@@ -67,10 +69,13 @@ class HubState(Workers, Versions, Fetches, Releases):
         self.clock = clock
         self.workers: dict[str, WorkerRec] = {}
         self.models: dict[str, ModelRec] = {}
-        self.replicas: dict[str, ReplicaRec] = {}
-        self.fetches: dict[str, FetchRec] = {}
+        # Dicts that keep `_index` (hub/state_index.py) current on every write: no query scans a table.
+        self._index = StateIndex(self.workers)
+        self.replicas: dict[str, ReplicaRec] = ReplicaTable(self._index)
+        self.fetches: dict[str, FetchRec] = FetchTable(self._index)
         self.pending_releases: set[str] = set()
         self.handoffs: dict[str, str] = {}     # releasing replica id -> seed worker asked to take it
         self.suspects: dict[str, float] = {}   # replica id -> no new reads until this time
         self._ids = itertools.count(1)
+        self._sizes: dict[int, tuple] = {}  # id(manifest) -> (manifest, unit sizes): `Fetches._unit_sizes`
         self._prefix = id_prefix

@@ -8,12 +8,12 @@ from __future__ import annotations
 import logging
 
 from . import errors as E
-from .location import CROSS_DC
 from .manifest import Manifest
 from .planner import Source
 from .replica_id import ReplicaId
 from .retention import KEEP_OLD
 from .shard import Shard
+from .state_index import place_keys
 from .state_records import FetchRec, HolderSilentError, Pin, Plan, ReplicaRec, WorkerRec
 
 log = logging.getLogger("rlsync.hub.state")
@@ -62,7 +62,7 @@ class Fetches:
         relay_id = ReplicaId(wid, model, ver, shard.key).wire
         stale = None
         if relay_id in self.replicas:
-            stale = next((f.id for f in self.fetches.values() if f.relay == relay_id), None)
+            stale = next(iter(self._relay_fetches(relay_id)), None)
             if stale is None:
                 if pin is not None:
                     m.pins[group[0]] = pin
@@ -72,16 +72,14 @@ class Fetches:
                 return Plan("", ver, manifest, [], held=True)
             # The reader asks again for a fetch it has open: its first answer was lost (hub restart,
             # timeout). The old plan was never used; it is replaced below.
-        cands = self._candidates(wid, model, ver, shard.key, exclude_fetch=stale)
-        if not cands:
+        srcs = self._nearest_sources(reader, model, ver, shard.key, stale)
+        if not srcs:
             if self.is_retained(model, ver):
                 raise E.VersionLostError(f"{model!r} v{ver} {shard.key}: no replica can serve it "
                                          "(every holder died without notice or is releasing)")
             raise E.VersionNotRetainedError(f"{model!r} v{ver} is no longer retained and no worker holds it "
                                             f"(latest: {m.latest})")
-        srcs = [Source(r.id, r.worker, self.workers[r.worker].location, r.full, self.worker_load(r.worker), r.origin)
-                for r in cands]
-        assignment = self.planner.choose_sources(reader.location, srcs, [u.nbytes for u in manifest.units],
+        assignment = self.planner.choose_sources(reader.location, srcs, self._unit_sizes(manifest),
                                                  cross_dc_inflight=self._crossing_into(reader, model, ver))
         if not assignment:
             raise self._no_allowed_source(model, ver, shard.key)
@@ -100,6 +98,15 @@ class Fetches:
                     [(self.replicas[rid], self.workers[self.replicas[rid].worker], units)
                      for rid, units in assignment.items()])
 
+    def _unit_sizes(self, manifest: Manifest) -> list[int]:
+        """Every unit's size, computed once per manifest (a 1,000-unit list per plan showed in the herd)."""
+        hit = self._sizes.get(id(manifest))
+        if hit is None or hit[0] is not manifest:
+            if len(self._sizes) >= 256:
+                self._sizes.clear()
+            hit = self._sizes[id(manifest)] = (manifest, [u.nbytes for u in manifest.units])
+        return hit[1]
+
     def _no_allowed_source(self, model: str, ver: int, shard_key: str) -> E.VersionLostError:
         """Candidates existed but the planner's `source_hosts` excluded every one of them."""
         return E.VersionLostError(f"{model!r} v{ver} {shard_key}: no replica on the hosts the planner may read "
@@ -107,13 +114,44 @@ class Fetches:
 
     def _crossing_into(self, reader: WorkerRec, model: str, ver: int, exclude_fetch: str | None = None) -> int:
         """Open fetches of (model, ver) into the reader's DC that read from another DC."""
-        def crosses(rid: str) -> bool:
-            r = self.replicas.get(rid)
-            return (r is not None and r.worker in self.workers
-                    and self.workers[r.worker].location.distance(reader.location) == CROSS_DC)
-        return sum(1 for f in self.fetches.values()
-                   if f.id != exclude_fetch and f.model == model and f.version == ver and f.reader in self.workers
-                   and self.workers[f.reader].location.dc == reader.location.dc and any(map(crosses, f.sources)))
+        key = (model, ver, reader.location.dc)
+        n = self._index.crossing.get(key, 0)
+        return n - 1 if exclude_fetch is not None and self._index.crosses.get(exclude_fetch) == key else n
+
+    def _nearest_sources(self, reader: WorkerRec, model: str, ver: int, shard: str,
+                         exclude_fetch: str | None) -> list[Source]:
+        """The planner's input for a fresh plan: what `_candidates` returns, cut to the tiers the planner can
+        pick from. Tiers (host, rack, DC, other DCs) are walked nearest first; once one holds a healthy
+        source under the fan-out cap, no farther one can be chosen (the planner takes the nearest tier
+        with a source under its cap, or in-DC relays over cap), so the walk stops there. When no tier
+        has one (or `source_hosts` filters), the full candidate list goes to the planner as before."""
+        idx = self._index
+        places = idx.places.get((model, ver, shard))
+        if places and not self.planner.cfg.source_hosts:
+            now, wid, loc = self.clock(), reader.id, reader.location
+            cap = max(1, self.planner.cfg.fanout_cap)
+            down = self._downstream(wid, model, ver, shard, exclude_fetch)
+            hk, rk, dk = place_keys(loc)
+            tiers = ((places.get(hk, ()), None), (places.get(rk, ()), hk), (places.get(dk, ()), rk),
+                     (idx.shard_replicas.get((model, ver, shard), ()), dk))
+            out: list[Source] = []
+            for rids, nearer in tiers:
+                under = False
+                for rid in rids:
+                    r = self.replicas[rid]
+                    w = self.workers.get(r.worker)
+                    if (w is None or r.worker == wid or r.worker in down or r.releasing
+                            or self.suspects.get(rid, 0) > now or _within(idx.placed[rid], nearer)):
+                        continue
+                    load = idx.load.get(r.worker, 0)
+                    out.append(Source(rid, r.worker, w.location, r.full, load, r.origin))
+                    under = under or load < cap
+                if under:
+                    return out
+            if out:
+                return out
+        return [Source(r.id, r.worker, self.workers[r.worker].location, r.full, self.worker_load(r.worker), r.origin)
+                for r in self._candidates(reader.id, model, ver, shard, exclude_fetch=exclude_fetch)]
 
     def _candidates(self, wid: str, model: str, ver: int, shard: str, exclude_fetch: str | None = None,
                     excluded: set[str] = frozenset()) -> list[ReplicaRec]:
@@ -133,11 +171,13 @@ class Fetches:
     def _downstream(self, wid: str, model: str, ver: int, shard: str, exclude_fetch: str | None) -> set[str]:
         """Workers whose open fetches read (transitively) from `wid`'s relay: never its sources."""
         down, frontier = set(), {ReplicaId(wid, model, ver, shard).wire}
+        readers_of = self._index.readers_of
         while frontier:
             nxt = set()
-            for f in self.fetches.values():
+            for fid in {fid for rid in frontier for fid in readers_of.get(rid, ())}:
+                f = self.fetches[fid]
                 if f.id != exclude_fetch and f.model == model and f.version == ver and f.shard == shard \
-                        and frontier & set(f.sources) and f.reader not in down:
+                        and f.reader not in down:
                     down.add(f.reader)
                     nxt.add(f.relay)
             frontier = nxt
@@ -217,3 +257,10 @@ def check_into_spec(manifest: Manifest, spec: list) -> None:
         if have[name] != (dt, shp):
             raise E.BufferMismatchError(f"into[{name!r}] is {have[name][1]} {have[name][0]}; "
                                         f"the version has {shp} {dt}")
+
+
+def _within(loc, key: tuple | None) -> bool:
+    """`loc` lies inside the place `key` (a nearer tier, already walked); None: nothing was nearer."""
+    if key is None or loc is None:
+        return False
+    return place_keys(loc)[{"h": 0, "r": 1, "d": 2}[key[0]]] == key

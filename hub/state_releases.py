@@ -99,8 +99,8 @@ class Releases:
         A seed worker's replicas are all seeds, whatever their slot."""
         w = self.workers.get(wid)
         out = []
-        for r in list(self.replicas.values()):
-            if (r.worker == wid and r.full and (r.slot == "seed" or (w and w.role == "seed"))
+        for r in [self.replicas[rid] for rid in self._index.worker_replicas.get(wid, ())]:
+            if (r.full and (r.slot == "seed" or (w and w.role == "seed"))
                     and drop_seed(retained=self.is_retained(r.model, r.version), inflight=self.inflight_from(r.id),
                                   releasing=r.id in self.pending_releases)):
                 del self.replicas[r.id]

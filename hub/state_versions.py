@@ -75,8 +75,9 @@ class Versions:
         below = retention.forget_below(m.latest, self.cfg.retention.retain_last)
         if not m.versions or min(m.versions) >= below:
             return
-        used = ({r.version for r in self.replicas.values() if r.model == m.name}
-                | {p.version for p in m.pins.values()} | {f.version for f in self.fetches.values() if f.model == m.name})
+        idx = self._index
+        used = (set(idx.replica_versions.get(m.name, ())) | {p.version for p in m.pins.values()}
+                | set(idx.fetch_versions.get(m.name, ())))
         for v in retention.forgettable(list(m.versions), below, used):
             del m.versions[v]
         m.committed = [v for v in m.committed if v in m.versions]
@@ -110,7 +111,7 @@ class Versions:
         if not rec.full:
             # The worker holds it complete (it registers nothing else): a fetch of it this hub still has
             # open lost its fetch_done (restart, retry). Without this its release would be refused.
-            for fid in [f.id for f in self.fetches.values() if f.relay == rid]:
+            for fid in self._relay_fetches(rid):
                 del self.fetches[fid]
             rec.full = True
         return rid

@@ -28,12 +28,17 @@ class Workers:
             if old.endpoint == endpoint:
                 # The same process joining again (two of its threads saw NotJoined at once, or a
                 # re-join's answer was lost): keep the replicas it serves and the fetches it runs.
+                moved = old.location != location
                 old.name, old.location, old.role, old.follow = name, location, role, follow
                 old.last_seen = self.clock()
+                if moved:
+                    self._index.rebuild()  # its replicas and fetches are indexed by where it was
                 return old.id
             self.remove_worker(worker_id)  # another process claims the id: the old registration goes
         wid = worker_id or f"w{self._prefix}{next(self._ids)}"
         self.workers[wid] = WorkerRec(wid, name, location, endpoint, self.clock(), role, follow)
+        if wid in self._index.worker_replicas or wid in self._index.reader_fetches:
+            self._index.rebuild()  # records of an id nobody held were indexed without a location
         return wid
 
     def touch(self, wid: str) -> WorkerRec:
@@ -46,21 +51,27 @@ class Workers:
     def remove_worker(self, wid: str) -> list[str]:
         """Forget a worker (leave or expiry): its replicas, its fetches as reader. Returns replica ids."""
         self.workers.pop(wid, None)
-        gone = [r for r in self.replicas if self.replicas[r].worker == wid]
-        for fid in [f.id for f in self.fetches.values() if f.reader == wid]:
+        idx = self._index
+        gone = list(idx.worker_replicas.get(wid, ()))
+        for fid in list(idx.reader_fetches.get(wid, ())):
             self.fetches.pop(fid)
         for rid in gone:
             self.replicas.pop(rid)
             self.pending_releases.discard(rid)
             self.suspects.pop(rid, None)
-        for f in self.fetches.values():  # open fetches stop counting on the dead worker as a source
-            for rid in gone:
-                f.sources.pop(rid, None)
+        for rid in gone:  # open fetches stop counting on the dead worker as a source
+            for fid in list(idx.readers_of.get(rid, ())):
+                self.fetches[fid].sources.pop(rid, None)
         return gone
 
-    def expire(self) -> list[str]:
+    def silent_workers(self) -> list[str]:
+        """Workers not heard from for `worker_timeout_s`."""
         cutoff = self.clock() - self.cfg.worker_timeout_s
-        dead = [w.id for w in self.workers.values() if w.last_seen < cutoff]
+        return [w.id for w in self.workers.values() if w.last_seen < cutoff]
+
+    def expire(self, dead: list[str] | None = None) -> list[str]:
+        """Remove the silent workers (or `dead`, as `silent_workers` just listed them)."""
+        dead = self.silent_workers() if dead is None else [w for w in dead if w in self.workers]
         for wid in dead:
             log.warning("worker %s (%s) expired: no heartbeat for %.1fs", wid,
                         self.workers[wid].name, self.cfg.worker_timeout_s)
@@ -74,8 +85,7 @@ class Workers:
         return m
 
     def replicas_of(self, model: str, version: int, shard: str) -> list[ReplicaRec]:
-        return [r for r in self.replicas.values()
-                if r.model == model and r.version == version and r.shard == shard]
+        return [self.replicas[rid] for rid in self._index.shard_replicas.get((model, version, shard), ())]
 
     def is_retained(self, model: str, version: int) -> bool:
         m = self.models.get(model)
@@ -83,14 +93,27 @@ class Workers:
             return False
         return retention.is_retained(version, m.committed, self.cfg.retention.retain_last,
                                      pinned=(p.version for p in m.pins.values()),
-                                     fetching=(f.version for f in self.fetches.values() if f.model == model))
+                                     fetching=self._index.fetch_versions.get(model, ()))
 
     def inflight_from(self, replica_id: str) -> int:
-        return sum(1 for f in self.fetches.values() if replica_id in f.sources)
+        """Open fetches reading from this replica."""
+        return len(self._index.readers_of.get(replica_id, ()))
 
     def worker_load(self, wid: str) -> int:
-        return sum(1 for f in self.fetches.values()
-                   for rid in f.sources if self.replicas.get(rid, None) and self.replicas[rid].worker == wid)
+        """Open (fetch, source) pairs whose source is one of `wid`'s replicas: the planner's fan-out load."""
+        return self._index.load.get(wid, 0)
+
+    def held_versions(self, model: str) -> list[int]:
+        """Versions of `model` some worker holds in full, ascending."""
+        return sorted({v for (m, v, _), rids in self._index.shard_replicas.items()
+                       if m == model and any(self.replicas[r].full for r in rids)})
+
+    def _relay_fetches(self, relay: str) -> list[str]:
+        """Open fetches whose target is replica `relay` (one, unless a plan was replaced), oldest first."""
+        return list(self._index.relay_fetches.get(relay, ()))
+
+    def holds_full(self, wid: str) -> bool:
+        return any(self.replicas[rid].full for rid in self._index.worker_replicas.get(wid, ()))
 
     def stats(self) -> dict:
         return {"workers": len(self.workers), "replicas": len(self.replicas), "fetches": len(self.fetches),

@@ -1,0 +1,74 @@
+"""The hub's own latency, as `stats` reports it: plan time, RPC rate, heartbeat lag. No I/O.
+
+    plan_ms           p50 / p99 of the last `window` fetch and re-plan answers (state + planner +
+                      tickets + encoding), milliseconds
+    rpc_per_s         control RPCs answered per second over the last ~`rate_horizon_s` seconds
+    heartbeat_lag_ms  p99 over live workers of the time since the hub last heard from each; with
+                      heartbeats every H seconds it sits near H when the hub keeps up and grows toward
+                      `worker_timeout_s` (expiry) when heartbeats queue behind other work
+
+Also the encoded manifests the plans carry (`ManifestBytes`): a 1,000-unit manifest costs ~1 ms to
+turn into a map and pack; a version's manifest is packed once and reused by every plan of it.
+"""
+from __future__ import annotations
+
+import time
+from collections import OrderedDict, deque
+
+from .manifest import Manifest
+from .rpc import pack
+
+
+class HubLoad:
+    def __init__(self, window: int = 2048, rate_horizon_s: float = 10.0) -> None:
+        self._plans: deque[float] = deque(maxlen=window)
+        self._counts: deque[tuple[float, int]] = deque()
+        self.rate_horizon_s = rate_horizon_s
+
+    def plan_done(self, seconds: float) -> None:
+        self._plans.append(seconds * 1e3)
+
+    def tick(self, rpc_count: int, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        self._counts.append((now, rpc_count))
+        while len(self._counts) > 2 and now - self._counts[1][0] >= self.rate_horizon_s:
+            self._counts.popleft()
+
+    def snapshot(self, rpc_count: int, last_seen: list[float], now: float) -> dict:
+        self.tick(rpc_count, now)
+        (t0, c0), (t1, c1) = self._counts[0], self._counts[-1]
+        plans = sorted(self._plans)
+        silence = sorted(now - t for t in last_seen)
+        return {"plan_ms": _pct(plans, 0.5), "plan_ms_p99": _pct(plans, 0.99), "plans_timed": len(plans),
+                "rpc_per_s": (c1 - c0) / (t1 - t0) if t1 > t0 else 0.0,
+                "heartbeat_lag_ms": 1e3 * _pct(silence, 0.99)}
+
+
+def _pct(xs: list[float], q: float) -> float:
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else 0.0
+
+
+class ManifestBytes:
+    """Packed manifests by object (the entry holds the object, so its id is not reused while cached)."""
+
+    def __init__(self, size: int = 64) -> None:
+        self._cache: OrderedDict[int, tuple[Manifest, bytes]] = OrderedDict()
+        self.size = size
+
+    def get(self, m: Manifest) -> bytes:
+        hit = self._cache.get(id(m))
+        if hit is not None and hit[0] is m:
+            self._cache.move_to_end(id(m))
+            return hit[1]
+        b = pack(m.to_wire())
+        self._cache[id(m)] = (m, b)
+        if len(self._cache) > self.size:
+            self._cache.popitem(last=False)
+        return b
+
+
+def packed_map(items: dict, raw: dict[str, bytes]) -> bytes:
+    """msgpack of `items` plus `raw`'s values, which are msgpack already (a map is its entries in a row)."""
+    n = len(items) + len(raw)
+    head = bytes([0x80 | n]) if n < 16 else b"\xde" + n.to_bytes(2, "big")
+    return b"".join([head, *(pack(k) + pack(v) for k, v in items.items()), *(pack(k) + b for k, b in raw.items())])

@@ -1,0 +1,104 @@
+"""A test-only reference for the hub's indexed state: the scan-over-every-table queries it replaced.
+
+`ScanState` is `HubState` with each indexed query (hub/state_index.py) answered by the plain scan the
+hub used before issue 19 (plans, retention, expiry and drops then read only the scans).
+tests/hub/test_scale_equivalence.py runs random operation sequences on both and compares everything.
+"""
+from __future__ import annotations
+
+from rlsync.hub import retention
+from rlsync.hub.location import CROSS_DC
+from rlsync.hub.planner import Source
+from rlsync.hub.replica_id import ReplicaId
+from rlsync.hub.retention import drop_seed
+from rlsync.hub.state import HubState
+
+
+class ScanState(HubState):
+    def replicas_of(self, model, version, shard):
+        return [r for r in self.replicas.values() if r.model == model and r.version == version and r.shard == shard]
+
+    def is_retained(self, model, version):
+        m = self.models.get(model)
+        if m is None:
+            return False
+        return retention.is_retained(version, m.committed, self.cfg.retention.retain_last,
+                                     pinned=(p.version for p in m.pins.values()),
+                                     fetching=(f.version for f in self.fetches.values() if f.model == model))
+
+    def inflight_from(self, replica_id):
+        return sum(1 for f in self.fetches.values() if replica_id in f.sources)
+
+    def worker_load(self, wid):
+        return sum(1 for f in self.fetches.values()
+                   for rid in f.sources if self.replicas.get(rid, None) and self.replicas[rid].worker == wid)
+
+    def holds_full(self, wid):
+        return any(r.full for r in self.replicas.values() if r.worker == wid)
+
+    def held_versions(self, model):
+        return sorted({r.version for r in self.replicas.values() if r.model == model and r.full})
+
+    def remove_worker(self, wid):
+        self.workers.pop(wid, None)
+        gone = [r for r in self.replicas if self.replicas[r].worker == wid]
+        for fid in [f.id for f in self.fetches.values() if f.reader == wid]:
+            self.fetches.pop(fid)
+        for rid in gone:
+            self.replicas.pop(rid)
+            self.pending_releases.discard(rid)
+            self.suspects.pop(rid, None)
+        for f in self.fetches.values():
+            for rid in gone:
+                f.sources.pop(rid, None)
+        return gone
+
+    def _crossing_into(self, reader, model, ver, exclude_fetch=None):
+        def crosses(rid):
+            r = self.replicas.get(rid)
+            return (r is not None and r.worker in self.workers
+                    and self.workers[r.worker].location.distance(reader.location) == CROSS_DC)
+        return sum(1 for f in self.fetches.values()
+                   if f.id != exclude_fetch and f.model == model and f.version == ver and f.reader in self.workers
+                   and self.workers[f.reader].location.dc == reader.location.dc and any(map(crosses, f.sources)))
+
+    def _downstream(self, wid, model, ver, shard, exclude_fetch):
+        down, frontier = set(), {ReplicaId(wid, model, ver, shard).wire}
+        while frontier:
+            nxt = set()
+            for f in self.fetches.values():
+                if f.id != exclude_fetch and f.model == model and f.version == ver and f.shard == shard \
+                        and frontier & set(f.sources) and f.reader not in down:
+                    down.add(f.reader)
+                    nxt.add(f.relay)
+            frontier = nxt
+        return down
+
+    def _nearest_sources(self, reader, model, ver, shard, exclude_fetch):
+        return [Source(r.id, r.worker, self.workers[r.worker].location, r.full, self.worker_load(r.worker), r.origin)
+                for r in self._candidates(reader.id, model, ver, shard, exclude_fetch=exclude_fetch)]
+
+    def _relay_fetches(self, relay):
+        return [f.id for f in self.fetches.values() if f.relay == relay]
+
+    def _forget_old(self, m):
+        below = retention.forget_below(m.latest, self.cfg.retention.retain_last)
+        if not m.versions or min(m.versions) >= below:
+            return
+        used = ({r.version for r in self.replicas.values() if r.model == m.name}
+                | {p.version for p in m.pins.values()} | {f.version for f in self.fetches.values() if f.model == m.name})
+        for v in retention.forgettable(list(m.versions), below, used):
+            del m.versions[v]
+        m.committed = [v for v in m.committed if v in m.versions]
+        m.forgot_below = below
+
+    def drops_for(self, wid):
+        w = self.workers.get(wid)
+        out = []
+        for r in list(self.replicas.values()):
+            if (r.worker == wid and r.full and (r.slot == "seed" or (w and w.role == "seed"))
+                    and drop_seed(retained=self.is_retained(r.model, r.version), inflight=self.inflight_from(r.id),
+                                  releasing=r.id in self.pending_releases)):
+                del self.replicas[r.id]
+                out.append(r.id)
+        return out
