@@ -177,7 +177,8 @@ class Driver:
             log.warning("hub stats: %s", e)
             return None
         m = s.get("models", {}).get(self.cfg.hub.model_name, {})
-        return HubStats(replicas=int(s["replicas"]), retained_versions=len(m.get("retained", [])))
+        load = {k: float(s[k]) for k in ("plan_ms", "plan_ms_p99", "rpc_per_s", "heartbeat_lag_ms") if k in s}
+        return HubStats(replicas=int(s["replicas"]), retained_versions=len(m.get("retained", [])), **load)
 
     # ------------------------------------------------------------------------------------ the loop
     def run(self) -> dict[str, Any]:

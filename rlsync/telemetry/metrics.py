@@ -20,6 +20,9 @@ W = [start, end) and every worker's intervals clipped to W:
   = sync/bytes / sync/seconds / 1e9, in GB/s (gigaBYTES, aggregate over concurrent fetches), 0
   when nothing was fetched. `sync/fetches` counts them.
 - `hub/replicas`, `hub/retained_versions`: the hub's own numbers at the step end (`HubStats`).
+- `hub/plan_ms` (p50 and `hub/plan_ms_p99` of the hub's recent fetch plans), `hub/rpc_per_s` (control
+  RPCs it answered per second, last ~10 s), `hub/heartbeat_lag_ms` (p99 over live workers of the time
+  since the hub last heard from each): the hub's own latency, when the hub reports it.
 - `pool/{pool}/workers`: workers with observed time in W per pool (pool = the clock's pool, or
   its role when it has none); `pool/{pool}/idle_ratio` as above, per pool.
 - `stall/window_s` = |W|.
@@ -110,6 +113,14 @@ class HubStats:
     """Replicas (worker, version, shard) the hub routes reads to."""
     retained_versions: int
     """Versions kept retrievable (latest committed + pinned)."""
+    plan_ms: float | None = None
+    """Median time the hub took to answer its recent fetch plans (state, planner, tickets, encoding)."""
+    plan_ms_p99: float | None = None
+    rpc_per_s: float | None = None
+    """Control RPCs the hub answered per second, over its last ~10 s."""
+    heartbeat_lag_ms: float | None = None
+    """p99 over live workers of the time since the hub last heard from each: near the heartbeat period
+    when the hub keeps up, growing toward the worker timeout (expiry) when heartbeats queue."""
 
 
 @dataclass(slots=True)
@@ -202,6 +213,9 @@ class StepMetrics:
         if self.hub is not None:
             out["hub/replicas"] = self.hub.replicas
             out["hub/retained_versions"] = self.hub.retained_versions
+            for k in ("plan_ms", "plan_ms_p99", "rpc_per_s", "heartbeat_lag_ms"):
+                if getattr(self.hub, k) is not None:
+                    out[f"hub/{k}"] = getattr(self.hub, k)
         return out
 
 

@@ -23,7 +23,8 @@ def test_train_cli_runs_a_tiny_recipe_and_leaves_metrics_trace_wandb_and_checkpo
     assert [r["version"] for r in rows] == [1, 2, 3]
     for key in ("reward/mean", "loss/policy", "kl", "staleness/mean", "staleness/dropped", "timing_s/step",
                 "stall/rollout_wait_weights_s", "stall/trainer_wait_data_s", "stall/trainer_wait_release_s",
-                "stall/total_s", "sync/bytes", "sync/gbps", "hub/replicas", "hub/retained_versions"):
+                "stall/total_s", "sync/bytes", "sync/gbps", "hub/replicas", "hub/retained_versions", "hub/plan_ms",
+                "hub/rpc_per_s", "hub/heartbeat_lag_ms"):
         assert key in rows[0], key
     assert all(r["ray/weight_like_tensors"] == 0 for r in rows)
     assert sum(r["sync/bytes"] for r in rows) > 0

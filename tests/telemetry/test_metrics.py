@@ -124,6 +124,11 @@ def test_explicit_sync_and_hub_stats():
                             hub=HubStats(replicas=5, retained_versions=2)).to_dict()
     assert m["sync/gbps"] == pytest.approx(2.0)
     assert (m["hub/replicas"], m["hub/retained_versions"]) == (5, 2)
+    assert "hub/plan_ms" not in m  # a hub that does not report its latency: no such keys
+    m = StepMetrics.compute([], 0, S, hub=HubStats(replicas=5, retained_versions=2, plan_ms=0.2, plan_ms_p99=0.9,
+                                                   rpc_per_s=1200.0, heartbeat_lag_ms=850.0)).to_dict()
+    assert (m["hub/plan_ms"], m["hub/plan_ms_p99"], m["hub/rpc_per_s"], m["hub/heartbeat_lag_ms"]) == \
+        (0.2, 0.9, 1200.0, 850.0)
 
 
 def test_pool_keys_count_workers_and_idle():
