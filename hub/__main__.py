@@ -1,4 +1,5 @@
-"""`python -m rlsync.hub serve ...` runs a hub; `demo` shows one at work; `doctor` lists transports."""
+"""`python -m rlsync.hub serve ...` runs a hub; `demo` shows one at work; `doctor` lists transports;
+`calibrate` measures this host's data paths again and caches the choice (rlsync.hub.dataplane_tuning)."""
 from __future__ import annotations
 
 import argparse
@@ -31,7 +32,16 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--readers", type=int, default=4)
     d.add_argument("--size-mb", type=float, default=64.0)
     sub.add_parser("doctor", help="list data-plane transports: available here or not, and why")
+    sub.add_parser("calibrate", help="measure every data path over loopback now; cache the fastest per peer class")
     a = p.parse_args(argv)
+    if a.cmd == "calibrate":
+        setup_logging()
+        from .dataplane_tuning import REMOTE, SAME_HOST, load_or_calibrate
+        cal = load_or_calibrate(refresh=True)
+        for c, v in sorted(cal.measured.items(), key=lambda kv: -max(kv[1], default=0)):
+            print(f"{c.label:24s} {' '.join(f'{x:.2f}' for x in v)} GB/s")
+        print(f"load {cal.loadavg:.1f}; same host: {cal.choice(SAME_HOST).label}; remote: {cal.choice(REMOTE).label}")
+        return 0
     if a.cmd == "doctor":
         from .transports import transport_report
         for name, ok, why in transport_report():

@@ -18,9 +18,13 @@ class DataPlaneConfig:
     """A peer silent this long on an open data connection is treated as dead."""
     relay_wait_s: float = 120.0
     """How long a relay's server waits for a unit it has not received yet."""
-    streams: int = 2
+    streams: int | None = None
     """Parallel connections per source a reader opens, units striped over them (capped by the
-    transport's `max_streams`: 1 for tcp-py and shm, whose per-unit verification holds the GIL)."""
+    transport's `max_streams`: 1 for tcp-py and shm, whose per-unit verification holds the GIL).
+    None: the count measured fastest on this host for the peer's class (rlsync.hub.dataplane_tuning)."""
+    zero_copy_send: bool | None = None
+    """Ask `tcp` sources to splice their pages into the socket (True) or copy them (False).
+    None: the mode measured faster on this host (which one wins differs between machines)."""
     register_wait_s: float = 5.0
     """How long a request with a valid ticket waits for a relay the hub advertised but this worker has
     not registered yet (it is still receiving its own plan)."""

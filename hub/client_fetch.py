@@ -20,7 +20,7 @@ from .manifest import Manifest, allocate, dtype_name
 from .replica_id import ReplicaId
 from .shard import Shard
 from .store import LocalReplica
-from .transports import choose_transport
+from .dataplane_tuning import choose_path, measured
 from .transports import cuda
 from .wire_args import check_coords as _check_coords, check_value
 
@@ -87,6 +87,8 @@ class Fetching:
         if into is not None:
             _check_tensors(into, "into")
             spec = [[n, dtype_name(t.dtype), list(t.shape)] for n, t in into.items()]
+        dp = self.cfg.dataplane
+        measured(self.cfg.transport, dp.streams, dp.zero_copy_send)  # before the plan: its tickets expire soon
         t0 = time.monotonic()
         plan = self._call("fetch", wid=wid, model=model, version=version, shard=shard.to_wire(),
                               group=list(group) if group else None, into_spec=spec)
@@ -227,11 +229,12 @@ class Fetching:
                     on_unit(dest.manifest, u)
 
             try:
-                transport = choose_transport(self._endpoint, src["endpoint"], self.cfg.transport)
+                dp = self.cfg.dataplane
+                transport, streams = choose_path(self._endpoint, src["endpoint"], self.cfg.transport, dp.streams,
+                                                 dp.zero_copy_send)
                 used[src["worker"]] = transport.name
                 read_from_source(transport, src["endpoint"], src["ticket"], src["replica"], units, dest,
-                                 self.cfg.dataplane.io_timeout_s, on_unit=landed, streams=self.cfg.dataplane.streams,
-                                 reader=self._reader_key)
+                                 dp.io_timeout_s, on_unit=landed, streams=streams, reader=self._reader_key)
             except BaseException as e:  # noqa: BLE001 - reported to the caller's thread
                 failed.append(src["replica"])
                 errors.append(e)

@@ -49,6 +49,9 @@ class Transport(ABC):
     """Among usable transports the reader picks the highest priority."""
     max_streams: ClassVar[int] = 1
     """Parallel connections per source a reader may open (`DataPlaneConfig.streams` is capped by it)."""
+    zero_copy: bool = True
+    """Reader side: the send mode it asks the source for (only `tcp` has a copying alternative);
+    set per reader from the data-path calibration (rlsync.hub.dataplane_tuning) or the config."""
 
     @classmethod
     def check_available(cls) -> None:

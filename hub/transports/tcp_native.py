@@ -7,9 +7,11 @@ into its registered buffers with the GIL released and hashes each piece with xxh
 still in cache, handing the digest back so the unit is not read a second time to verify it.
 Several of these streams run in parallel per source (`DataPlaneConfig.streams`).
 
+The reader chooses the send mode per request (`zero_copy`, from the data-path calibration in
+rlsync.hub.dataplane_tuning): which one is faster differs between machines (docs/performance.md).
 After the last unit the reader sends one "done" byte and the server waits for it before the read
 counts as drained, so `release` returns only once the reader holds every byte. That is what makes
-`zero_copy_send` (on by default) safe: the kernel reads the source pages by reference
+zero-copy (the default) safe: the kernel reads the source pages by reference
 (vmsplice/splice) until the reader has consumed them, and nothing may change that memory before
 then. A read that fails on the server's side aborts the connection (RST), which drops the kernel's
 references at once instead of leaving them in a lingering socket. Measured: docs/performance.md.
@@ -63,10 +65,10 @@ class NativeTcpTransport(Transport):
     kind = 3
     priority = 20
     max_streams = 64
-    zero_copy_send: bool = True
-    """Server side: splice the source pages into the socket by reference instead of copying them
-    (no sending-side copy; the pages are read until the reader's "done"). False: copy with
-    sendmsg. Set on the class to apply to every read this process serves."""
+    zero_copy: bool = True
+    """Splice the source pages into the socket by reference instead of copying them (no sending-side
+    copy; the pages are read until the reader's "done"). False: copy with sendmsg. The reader sets it
+    and asks for it in its request; the server's instance takes it from the request."""
 
     @classmethod
     def check_available(cls) -> None:
@@ -77,11 +79,20 @@ class NativeTcpTransport(Transport):
                 log.warning("transport 'tcp' unavailable, falling back to 'tcp-py': %s", _MISSING)
             raise TransportUnavailableError(_MISSING)
 
+    def open_request(self, dest: LocalReplica, peer: dict) -> dict | None:
+        return None if self.zero_copy else {"zc": False}  # absent: zero-copy, as before this field
+
+    def accept_request(self, extra, rep: LocalReplica) -> None:
+        if extra is not None and not (isinstance(extra, dict) and set(extra) <= {"zc"}
+                                      and isinstance(extra.get("zc", True), bool)):
+            raise ProtocolError("malformed tcp request options: expected {'zc': bool}")
+        self.zero_copy = True if extra is None else extra.get("zc", True)
+
     def send_unit(self, conn: socket.socket, rep: LocalReplica, u: int) -> int:
         nbytes = rep.manifest.units[u].nbytes
         try:
             _engine.send_frame(conn.fileno(), UNIT.pack(u, OK, nbytes), _segments(rep, u), _timeout_ms(conn),
-                               self.zero_copy_send)
+                               self.zero_copy)
         except BaseException:
             _abort_on_close(conn)
             raise

@@ -39,9 +39,7 @@ class Contender(ABC):
 
 def _serve_source(size: int, chunk_bytes: int, public_key: bytes, pipe) -> None:
     """Child process: hold `size` bytes as a full replica and serve them until told to stop.
-
-    Between reads the parent may send ("zero_copy", bool) to switch the native engine's send mode.
-    """
+    (The reader picks the native engine's send mode per request.)"""
     import torch
 
     from rlsync.hub.dataplane import DataPlaneConfig, DataServer
@@ -50,7 +48,6 @@ def _serve_source(size: int, chunk_bytes: int, public_key: bytes, pipe) -> None:
     from rlsync.hub.tickets import TicketVerifier
     from rlsync.hub.transports import available_transports
     from rlsync.hub.transports.shm import boot_id
-    from rlsync.hub.transports.tcp_native import NativeTcpTransport
 
     block = torch.randint(0, 256, (1 << 20,), dtype=torch.uint8)
     data = block.repeat(size // block.numel() + 1)[:size].clone()  # touched: warm
@@ -63,9 +60,8 @@ def _serve_source(size: int, chunk_bytes: int, public_key: bytes, pipe) -> None:
     pipe.send({"endpoint": {"tcp": server.address, "pid": os.getpid(), "boot_id": boot_id(), "host": "local",
                             "transports": available_transports()},
                "manifest": manifest.to_wire()})
-    while (msg := pipe.recv()) != "stop":
-        NativeTcpTransport.zero_copy_send = bool(msg[1])
-        pipe.send("ok")
+    while pipe.recv() != "stop":
+        pass
     server.close()
 
 
@@ -91,18 +87,15 @@ class RlsyncSource:
         self.manifest = Manifest.from_wire(hello["manifest"])
         self.ticket = signer.sign(Ticket("bench", "reader", self.reader.public_bytes, "source", _REPLICA, time.time() + 24 * 3600))
         self.into = {"weights": torch.zeros(size, dtype=torch.uint8)}  # zeros: pages touched, warm
-        self._zero_copy: bool | None = None  # unknown: the first read sets it
+        self.mine = {"boot_id": self.endpoint["boot_id"], "host": self.endpoint["host"]}  # a same-host reader
 
-    def read(self, transport_name: str, streams: int, zero_copy: bool = True) -> float:
+    def read(self, transport_name: str | None, streams: int | None, zero_copy: bool | None = True) -> float:
+        """One read of every unit; None fields: what a client's reader picks (rlsync.hub.dataplane_tuning)."""
         from rlsync.hub.dataplane import read_from_source
+        from rlsync.hub.dataplane_tuning import choose_path
         from rlsync.hub.store import LocalReplica
-        from rlsync.hub.transports import get_transport
 
-        if zero_copy != self._zero_copy:  # the source's send mode, switched between reads
-            self._pipe.send(("zero_copy", zero_copy))
-            self._pipe.recv()
-            self._zero_copy = zero_copy
-        transport = get_transport(transport_name)
+        transport, streams = choose_path(self.mine, self.endpoint, transport_name, streams, zero_copy)
         dest = LocalReplica("bench:dest", self.manifest, self.into, full=False)
         units = list(range(len(self.manifest.units)))
         t0 = time.perf_counter()
@@ -122,15 +115,19 @@ class RlsyncSource:
 
 
 class RlsyncContender(Contender):
-    def __init__(self, source: RlsyncSource, transport: str, streams: int, label: str, zero_copy: bool = True,
-                 key: str = "") -> None:
+    """One rlsync read path; transport, streams and zero_copy None: the client's default (measured)."""
+
+    def __init__(self, source: RlsyncSource, transport: str | None, streams: int | None, label: str,
+                 zero_copy: bool | None = True, key: str = "") -> None:
         self.source, self.transport, self.streams, self.name = source, transport, streams, label
-        self.zero_copy, self.key = zero_copy, key or transport
+        self.zero_copy, self.key = zero_copy, key or transport or "default"
 
     def setup(self) -> None:
         from rlsync.hub.errors import TransportUnavailableError
         from rlsync.hub.transports import get_transport
 
+        if self.transport is None:
+            return
         try:
             get_transport(self.transport)
         except TransportUnavailableError as e:

@@ -3,10 +3,11 @@
     python -m rlsync.bench transfer --size 1GiB --json outputs/bench/transfer.json
 
 Contenders, all measured in one run, each moving `--size` bytes from one process to another:
-- rlsync `tcp` (native engine) with 1 and with `DataPlaneConfig.streams` parallel streams (and
-  the latter again with the source copying instead of its zero-copy send,
-  `NativeTcpTransport.zero_copy_send=False`),
-  rlsync `tcp-py` and rlsync `shm`: a source process holds the bytes as a full replica behind a real
+- `rlsync default`: the path a client's reader takes towards a same-host peer, chosen by the
+  host's data-path calibration (rlsync.hub.dataplane_tuning; `--recalibrate` measures it anew first);
+- every candidate that calibration chooses among: rlsync `tcp` (native engine) with 1, 2, 4 streams,
+  each with the source's zero-copy send and with its copying send, rlsync `tcp-py` and rlsync `shm`.
+  In every rlsync row a source process holds the bytes as a full replica behind a real
   `DataServer`; this process reads them with `read_from_source` into its own buffers — the same
   request framing, ticket check and per-unit xxh3 verification a fetch does (no control-plane RPC:
   the ticket is signed locally).
@@ -71,26 +72,42 @@ def parse_size(text: str) -> int:
 
 
 # ---------------------------------------------------------------- the run
-def run(size: int, reps: int, streams: int, skip: set[str], cache: Path, command: str = "",
-        chunk_bytes: int | None = None) -> dict:
-    from rlsync.hub.dataplane import DataPlaneConfig
+DEFAULT = "rlsync default"
+"""Name prefix of the row that reads as a client does: the path measured fastest on this host."""
+
+
+def _ratio(figures: dict[str, Figure], a: str | None, b: str | None) -> float | None:
+    fa, fb = figures.get(a or ""), figures.get(b or "")
+    return round(fa.median / fb.median, 3) if fa and fb and fa.median and fb.median else None
+
+
+def _paired(figures: dict[str, Figure], a: str | None, b: str | None) -> float | None:
+    """Median over rounds of a/b within the round: steadier when other load comes and goes."""
+    fa, fb = figures.get(a or ""), figures.get(b or "")
+    if not (fa and fb and fa.gbps and len(fa.gbps) == len(fb.gbps)):
+        return None
+    return round(statistics.median(x / y for x, y in zip(fa.gbps, fb.gbps)), 3)
+
+
+def run(size: int, reps: int, streams: int | None, skip: set[str], cache: Path, command: str = "",
+        chunk_bytes: int | None = None, recalibrate: bool = False) -> dict:
+    from rlsync.hub.dataplane_tuning import CANDIDATES, SAME_HOST, load_or_calibrate
     from rlsync.hub.manifest import ManifestConfig
 
     chunk_bytes = chunk_bytes or ManifestConfig().chunk_bytes
+    load_cal = os.getloadavg()
+    cal = load_or_calibrate(refresh=recalibrate)
+    chosen = cal.choice(SAME_HOST)
     source = RlsyncSource(size, chunk_bytes)
-    contenders: list[Contender] = [
-        RlsyncContender(source, "tcp", 1, "rlsync tcp (native, 1 stream)"),
-        RlsyncContender(source, "tcp", streams, f"rlsync tcp (native, {streams} streams)"),
-        RlsyncContender(source, "tcp", streams, f"rlsync tcp (native, {streams} streams, copying send)",
-                        zero_copy=False, key="copy-send"),
-        RlsyncContender(source, "tcp-py", 1, "rlsync tcp-py"),
-        RlsyncContender(source, "shm", 1, "rlsync shm"),
-        Iperf3Contender(size),
-        MooncakeContender(size, cache),
-    ]
-    if streams == 1:
-        contenders.pop(1)
-        contenders[1].name = "rlsync tcp (native, 1 stream, copying send)"
+    contenders: list[Contender] = [RlsyncContender(source, None, streams, f"{DEFAULT} ({chosen.label})", None)]
+    for c in CANDIDATES:
+        if streams is None or c.transport != "tcp" or c.streams in (1, streams):
+            contenders.append(RlsyncContender(source, c.transport, c.streams, f"rlsync {c.label}", c.zero_copy,
+                                              key=c.transport if c.transport != "tcp" or c.zero_copy else "copy-send"))
+    if streams is not None and streams not in (1, 2, 4):
+        contenders += [RlsyncContender(source, "tcp", streams, f"rlsync tcp x{streams} {m}", m == "zero-copy",
+                                       key="tcp" if m == "zero-copy" else "copy-send") for m in ("zero-copy", "copying")]
+    contenders += [Iperf3Contender(size), MooncakeContender(size, cache)]
     figures = {c.name: Figure(c.name) for c in contenders}
     running = []
     for c in contenders:
@@ -121,40 +138,30 @@ def run(size: int, reps: int, streams: int, skip: set[str], cache: Path, command
         for c in contenders:
             c.close()
         source.close()
-    default = next((f for n, f in figures.items() if n.startswith("rlsync tcp (native") and f"{streams} stream" in n), None)
-    one = figures["rlsync tcp (native, 1 stream)"]
-    copying = next((f for n, f in figures.items() if n.endswith("copying send)")), None)
-
-    def ratio(a: Figure | None, b: str) -> float | None:
-        fb = next((f for n, f in figures.items() if n.startswith(b)), None)
-        return round(a.median / fb.median, 3) if a and fb and a.median and fb.median else None
-
-    def paired(a: Figure | None, b: str) -> float | None:
-        """Median over rounds of a/b within the round: steadier when other load comes and goes."""
-        fb = next((f for n, f in figures.items() if n.startswith(b)), None)
-        if not (a and fb and a.gbps and len(a.gbps) == len(fb.gbps)):
-            return None
-        return round(statistics.median(x / y for x, y in zip(a.gbps, fb.gbps)), 3)
-
+    default = contenders[0].name
+    rows = [n for n, f in figures.items() if n.startswith("rlsync ") and n != default and f.median]
+    best = max(rows, key=lambda n: figures[n].median, default=None)
+    iperf, mooncake = Iperf3Contender.name, MooncakeContender.name
     return {
         "scenario": "transfer",
         "size_bytes": size,
         "chunk_bytes": chunk_bytes,
         "reps": reps,
         "unit": "GB/s (1e9 bytes/s), median of reps",
-        "native_streams": streams,
-        "default_streams": DataPlaneConfig().streams,
+        "default_path": chosen.label,
+        "calibration": {"loadavg": cal.loadavg, "loadavg_now": load_cal[0], "when": cal.when,
+                        "size_bytes": cal.size_bytes, "fresh": recalibrate,
+                        "gbps_median": {c.label: round(statistics.median(v), 3) for c, v in cal.measured.items() if v}},
         "figures": {n: {"median_gbps": f.median, "runs_gbps": [round(x, 4) for x in f.gbps], "skipped": f.skipped}
                     for n, f in figures.items()},
-        "ratio_vs_iperf3": ratio(default, "iperf3"),
-        "ratio_vs_mooncake": ratio(default, "Mooncake"),
-        "ratio_vs_iperf3_1stream": ratio(one, "iperf3"),
-        "ratio_zero_copy_vs_copy": ratio(default, copying.name) if copying else None,
-        "paired_ratio_zero_copy_vs_copy": paired(default, copying.name) if copying else None,
-        "ratio_vs_mooncake_1stream": ratio(one, "Mooncake"),
-        "ratio_vs_tcp_py": ratio(default, "rlsync tcp-py"),
-        "paired_ratio_vs_iperf3": paired(default, "iperf3"),
-        "paired_ratio_vs_mooncake": paired(default, "Mooncake"),
+        "best_rlsync_row": best,
+        "ratio_vs_iperf3": _ratio(figures, default, iperf),
+        "ratio_vs_mooncake": _ratio(figures, default, mooncake),
+        "ratio_vs_best_rlsync": _ratio(figures, default, best),
+        "paired_ratio_vs_iperf3": _paired(figures, default, iperf),
+        "paired_ratio_vs_mooncake": _paired(figures, default, mooncake),
+        "paired_ratio_vs_best_rlsync": _paired(figures, default, best),
+        "ratio_zero_copy_vs_copy_x2": _ratio(figures, "rlsync tcp x2 zero-copy", "rlsync tcp x2 copying"),
         "machine": {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version(),
                     "loadavg_before": load0, "loadavg_after": os.getloadavg(),
                     "cpu_pressure_pct_before": psi0, "cpu_pressure_pct_after": cpu_pressure()},
@@ -180,31 +187,34 @@ def print_table(res: dict) -> None:
     m = res["machine"]
     c.print(f"machine: {m['cpus']} CPUs, load {m['loadavg_before'][0]:.1f} -> {m['loadavg_after'][0]:.1f}, "
             f"CPU pressure {m['cpu_pressure_pct_before']}% -> {m['cpu_pressure_pct_after']}% (shared machine)")
-    for k in ("ratio_vs_iperf3", "ratio_vs_mooncake", "ratio_vs_iperf3_1stream", "ratio_vs_mooncake_1stream",
-              "ratio_vs_tcp_py", "paired_ratio_vs_iperf3", "paired_ratio_vs_mooncake",
-              "ratio_zero_copy_vs_copy", "paired_ratio_zero_copy_vs_copy"):
+    cal = res["calibration"]
+    c.print(f"default path (measured on this host at load {cal['loadavg']:.1f}, "
+            f"{'now' if cal['fresh'] else 'cached'}): {res['default_path']}; best rlsync row: {res['best_rlsync_row']}")
+    for k in ("ratio_vs_iperf3", "ratio_vs_mooncake", "ratio_vs_best_rlsync", "paired_ratio_vs_iperf3",
+              "paired_ratio_vs_mooncake", "paired_ratio_vs_best_rlsync", "ratio_zero_copy_vs_copy_x2"):
         c.print(f"{k}: {res[k]}")
 
 
 @register_scenario("transfer")
 def main(argv: list[str]) -> int:
-    from rlsync.hub.dataplane import DataPlaneConfig
-
     p = argparse.ArgumentParser(prog="python -m rlsync.bench transfer", description=__doc__.split("\n")[0])
     p.add_argument("--size", type=parse_size, default=parse_size("1GiB"), help="bytes per transfer (1GiB, 256MiB)")
     p.add_argument("--reps", type=int, default=5, help="timed repetitions per contender (median reported)")
-    p.add_argument("--streams", type=int, default=DataPlaneConfig().streams,
-                   help="parallel streams for the native engine's multi-stream row")
+    p.add_argument("--streams", type=int, default=None,
+                   help="fix the default row's streams (and add native rows with this count); default: measured")
     p.add_argument("--chunk-bytes", type=parse_size, default=None,
                    help="transfer unit size of the source's manifest (default ManifestConfig.chunk_bytes, 8MiB)")
     p.add_argument("--skip", action="append", default=[],
-                   help="contender to leave out: iperf3, mooncake, shm, tcp-py, copy-send")
+                   help="contender to leave out: default, tcp (zero-copy rows), copy-send, tcp-py, shm, iperf3, mooncake")
+    p.add_argument("--recalibrate", action="store_true",
+                   help="measure the data path anew first (rlsync.hub.dataplane_tuning) instead of the host's cached choice")
     p.add_argument("--cache", type=Path, default=Path(os.environ.get("RLSYNC_BENCH_CACHE", "~/.cache/rlsync/bench")),
                    help="where set-up keeps the Mooncake venv")
     p.add_argument("--json", type=Path, help="write every figure and the ratios here")
     a = p.parse_args(argv)
     res = run(a.size, a.reps, a.streams, {s.lower() for s in a.skip}, a.cache.expanduser(),
-              command=" ".join(["python -m rlsync.bench transfer", *argv]), chunk_bytes=a.chunk_bytes)
+              command=" ".join(["python -m rlsync.bench transfer", *argv]), chunk_bytes=a.chunk_bytes,
+              recalibrate=a.recalibrate)
     print_table(res)
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)

@@ -295,7 +295,8 @@ def test_fetch_from_a_peer_advertising_rdma_falls_back_to_tcp(make_client, monke
     w = {"w": torch.randn(1000), "b": torch.arange(7)}
     pub.publish("policy", 1, w)
     got = reader.fetch("policy", "latest")
-    assert got.transports == {pub.worker_id: "tcp" if "tcp" in real() else "tcp-py"}
+    # Which TCP transport is the one measured fastest on this host (rlsync.hub.dataplane_tuning).
+    assert got.transports.keys() == {pub.worker_id} and got.transports[pub.worker_id] in ("tcp", "tcp-py")
     assert torch.equal(got.tensors["w"], w["w"]) and torch.equal(got.tensors["b"], w["b"])
 
 

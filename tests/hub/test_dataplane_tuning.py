@@ -1,0 +1,169 @@
+"""The data path chosen by measurement (rlsync.hub.dataplane_tuning): the choice is a pure function of
+the measured numbers, the cache round-trips, a real calibration runs every candidate path, and the
+native engine serves both send modes the calibration can pick, bit-exact."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rlsync.hub import dataplane_tuning as T
+from rlsync.hub import errors as E
+from rlsync.hub.transports import get_transport
+from rlsync.hub.transports.tcp_native import NativeTcpTransport
+
+import os
+import time
+
+import torch
+
+from rlsync.hub.dataplane import DataPlaneConfig, DataServer, read_from_source
+from rlsync.hub.manifest import ManifestConfig, allocate, build_manifest
+from rlsync.hub.store import LocalReplica, ReplicaStore
+from rlsync.hub.tickets import ReaderKey, Ticket, TicketSigner, TicketVerifier
+
+P = T.PathChoice
+TCP2Z, TCP2C, TCP1Z, TCP4C = P("tcp", 2, True), P("tcp", 2, False), P("tcp", 1, True), P("tcp", 4, False)
+
+
+def test_pick_takes_the_fastest_median_per_class():
+    m = {TCP2Z: [3.9, 3.8, 4.0], TCP2C: [4.8, 4.9, 1.0], P("tcp-py"): [4.3], P("shm"): [7.6, 7.7]}
+    assert T.pick(m, T.SAME_HOST) == P("shm")
+    assert T.pick(m, T.REMOTE) == TCP2C  # median 4.8: the one slow round does not decide it
+    assert T.pick(m, T.SAME_HOST, transport="tcp") == TCP2C
+
+
+def test_pick_breaks_near_ties_towards_the_simplest_path():
+    m = {TCP4C: [3.00], TCP2C: [2.98], TCP2Z: [2.97], TCP1Z: [2.90]}
+    assert T.pick(m, T.REMOTE) == TCP2Z  # within 2%: fewer streams, then zero-copy
+    assert T.pick(m, T.REMOTE, tolerance=0.0) == TCP4C
+    assert T.pick(m, T.REMOTE, tolerance=0.05) == TCP1Z
+    # the order of the dict does not matter
+    assert T.pick(dict(reversed(list(m.items()))), T.REMOTE) == TCP2Z
+
+
+def test_pick_refuses_what_it_cannot_decide():
+    with pytest.raises(ValueError, match="peer class"):
+        T.pick({TCP1Z: [1.0]}, "same_rack")
+    with pytest.raises(ValueError, match="no measurement"):
+        T.pick({P("shm"): [9.0], TCP1Z: []}, T.REMOTE)  # shm cannot cross hosts; tcp never ran
+
+
+def test_peer_class():
+    a = {"boot_id": "b1", "host": "h"}
+    assert T.peer_class(a, {"boot_id": "b1", "host": "h"}) == T.SAME_HOST
+    assert T.peer_class(a, {"boot_id": "b2", "host": "h"}) == T.REMOTE
+    assert T.peer_class({"boot_id": "", "host": "h"}, {"boot_id": "", "host": "h"}) == T.REMOTE
+
+
+def test_choose_path_follows_the_calibration_and_the_config(monkeypatch):
+    cal = T.Calibration({TCP2C: [5.0], TCP1Z: [4.0], P("tcp-py"): [4.5], P("shm"): [6.0]}, 1, 0.5, 0.0, "h")
+    monkeypatch.setattr(T, "_loaded", cal)
+    mine = {"boot_id": "b", "host": "h"}
+    here = {**mine, "transports": ["shm", "tcp", "tcp-py"], "tcp": "127.0.0.1:1"}
+    there = {"boot_id": "c", "host": "g", "transports": ["shm", "tcp", "tcp-py"], "tcp": "10.0.0.2:1"}
+    t, k = T.choose_path(mine, here)
+    assert (t.name, k) == ("shm", 1)
+    t, k = T.choose_path(mine, there)
+    assert (t.name, k, t.zero_copy) == ("tcp", 2, False)
+    t, k = T.choose_path(mine, {**here, "transports": ["tcp", "tcp-py"]})  # the peer serves no shm
+    assert (t.name, k, t.zero_copy) == ("tcp", 2, False)
+    t, k = T.choose_path(mine, there, forced="tcp-py")
+    assert (t.name, k) == ("tcp-py", 1)
+    t, k = T.choose_path(mine, there, streams=3, zero_copy=True)  # the config's fields win
+    assert (t.name, k, t.zero_copy) == ("tcp", 3, True)
+
+
+def test_calibration_measures_every_path_and_caches_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLSYNC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(T, "_loaded", None)
+    monkeypatch.setattr(T, "calibrate", lambda: real(size=8 << 20, rounds=1))  # small: a test, not a figure
+    cal = T.load_or_calibrate()
+    usable = [c for c in T.CANDIDATES if _usable(c.transport)]
+    assert set(cal.measured) == set(usable) and all(len(v) == 1 and v[0] > 0 for v in cal.measured.values())
+    files = list((tmp_path / "dataplane").glob("*.json"))
+    assert len(files) == 1 and json.loads(files[0].read_text())["choices"][T.SAME_HOST]
+    monkeypatch.setattr(T, "_loaded", None)
+    monkeypatch.setattr(T, "calibrate", lambda: pytest.fail("measured again although the host's file exists"))
+    again = T.load_or_calibrate()
+    assert again.measured == cal.measured and again.when == cal.when
+    files[0].write_text('{"format": 0}')  # an older layout is measured anew, not trusted
+    monkeypatch.setattr(T, "_loaded", None)
+    monkeypatch.setattr(T, "calibrate", lambda: real(size=8 << 20, rounds=1))
+    assert T.load_or_calibrate().when > cal.when
+
+
+real = T.calibrate
+
+
+def _usable(name: str) -> bool:
+    try:
+        get_transport(name)
+        return True
+    except E.TransportUnavailableError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def server():
+    signer, store = TicketSigner(), ReplicaStore()
+    s = DataServer(store, DataPlaneConfig(io_timeout_s=5.0))
+    s.worker_id, s.verifier = "src", TicketVerifier(signer.public_bytes)
+    yield s, store, signer
+    s.close()
+
+
+@pytest.mark.parametrize("zero_copy", [True, False])
+@pytest.mark.parametrize("streams", [1, 4])
+def test_native_tcp_serves_the_send_mode_the_reader_asks_for(server, monkeypatch, zero_copy, streams):
+    _engine = pytest.importorskip("rlsync._engine", reason="native engine not built")
+    modes = []
+    real = _engine.send_frame
+
+    def spy(fd, header, segs, timeout_ms, zc):
+        modes.append(zc)
+        return real(fd, header, segs, timeout_ms, zc)
+
+    monkeypatch.setattr(_engine, "send_frame", spy)
+    t = NativeTcpTransport()
+    t.zero_copy = zero_copy
+    srv, store, signer = server
+    g = torch.Generator().manual_seed(streams)
+    tensors = {"emb": torch.randn(300, 257, generator=g), "b": torch.randn(7, generator=g).to(torch.bfloat16),
+               "i": torch.randint(-99, 99, (1000,), generator=g, dtype=torch.int16)}
+    rid = f"r{streams}{zero_copy}"
+    rep = LocalReplica(rid, build_manifest(tensors, ManifestConfig(chunk_bytes=64 << 10, pack_below=4 << 10)),
+                       tensors, full=True)
+    store.add(rep)
+    dest = LocalReplica("dest", rep.manifest, allocate(rep.manifest), full=False)
+    reader = ReaderKey()
+    ticket = signer.sign(Ticket("f", "reader", reader.public_bytes, "src", rid, time.time() + 60))
+    endpoint = {"tcp": srv.address, "pid": os.getpid(), "boot_id": "", "host": "h"}
+    n = read_from_source(t, endpoint, ticket, rid, list(range(len(rep.manifest.units))), dest, 5.0,
+                         streams=streams, reader=reader)
+    assert n == rep.manifest.nbytes and dest.complete and len(rep.manifest.units) > 4
+    for k, v in tensors.items():
+        assert torch.equal(dest.tensors[k].view(-1).view(torch.uint8), v.view(-1).view(torch.uint8)), k
+    assert modes and set(modes) == {zero_copy}
+    assert rep.wait_drained(5)
+    store.remove(rid)
+
+
+def test_native_tcp_refuses_malformed_request_options():
+    t = NativeTcpTransport()
+    for bad in ({"zc": 1}, {"zc": False, "x": 1}, ["zc"]):
+        with pytest.raises(E.ProtocolError, match="request options"):
+            t.accept_request(bad, None)
+    t.accept_request({"zc": False}, None)
+    assert t.zero_copy is False
+    t.accept_request(None, None)
+    assert t.zero_copy is True
+
+
+def test_a_fetch_with_nothing_left_to_measure_does_not_calibrate(monkeypatch):
+    monkeypatch.setattr(T, "_loaded", None)
+    monkeypatch.setattr(T, "load_or_calibrate", lambda refresh=False: pytest.fail("calibrated"))
+    assert T.measured("tcp", 2, True) is None
+    t, k = T.choose_path({"boot_id": "b", "host": "h"}, {"boot_id": "c", "host": "g", "transports": ["tcp"],
+                                                         "tcp": "10.0.0.2:1"}, "tcp", 2, False)
+    assert (t.name, k, t.zero_copy) == ("tcp", 2, False)
