@@ -20,7 +20,7 @@ class DataPlaneConfig:
     """How long a relay's server waits for a unit it has not received yet."""
     streams: int | None = None
     """Parallel connections per source a reader opens, units striped over them (capped by the
-    transport's `max_streams`: 1 for tcp-py and shm, whose per-unit verification holds the GIL).
+    transport's `max_streams`: 1 for tcp-py, whose per-unit verification holds the GIL).
     None: the count measured fastest on this host for the peer's class (rlsync.hub.dataplane_tuning)."""
     zero_copy_send: bool | None = None
     """Ask `tcp` sources to splice their pages into the socket (True) or copy them (False).

@@ -32,7 +32,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 SAME_HOST, REMOTE = "same_host", "remote"
-FORMAT = 1
+FORMAT = 2
 """Bumped when the candidates or the file's layout change: an older cache file is measured anew."""
 
 
@@ -45,6 +45,8 @@ class PathChoice:
 
     @property
     def label(self) -> str:
+        if self.transport == "shm":
+            return f"shm x{self.streams}"
         if self.transport != "tcp":
             return self.transport
         return f"tcp x{self.streams} {'zero-copy' if self.zero_copy else 'copying'}"
@@ -54,7 +56,7 @@ CANDIDATES: tuple[PathChoice, ...] = (
     PathChoice("tcp", 1, True), PathChoice("tcp", 1, False),
     PathChoice("tcp", 2, True), PathChoice("tcp", 2, False),
     PathChoice("tcp", 4, True), PathChoice("tcp", 4, False),
-    PathChoice("tcp-py"), PathChoice("shm"),
+    PathChoice("tcp-py"), PathChoice("shm", 1), PathChoice("shm", 2), PathChoice("shm", 4),
 )
 REMOTE_TRANSPORTS = ("tcp", "tcp-py")
 """Transports that cross hosts (shm copies out of a process on the same machine)."""
