@@ -49,6 +49,12 @@ def test_pick_refuses_what_it_cannot_decide():
         T.pick({P("shm"): [9.0], TCP1Z: []}, T.REMOTE)  # shm cannot cross hosts; tcp never ran
 
 
+def test_a_calibration_from_a_saturated_machine_is_provisional():
+    assert T.provisional(10.4, 1.0, 2) and T.provisional(4.0, 2.0, 2)
+    assert not T.provisional(10.4, 6.0, 2)  # still busy: keep it rather than measure noise again
+    assert not T.provisional(1.5, 0.1, 2)   # measured on a quiet machine: kept
+
+
 def test_peer_class():
     a = {"boot_id": "b1", "host": "h"}
     assert T.peer_class(a, {"boot_id": "b1", "host": "h"}) == T.SAME_HOST
@@ -76,6 +82,7 @@ def test_choose_path_follows_the_calibration_and_the_config(monkeypatch):
 
 def test_calibration_measures_every_path_and_caches_it(tmp_path, monkeypatch):
     monkeypatch.setenv("RLSYNC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(T, "provisional", lambda *a: False)  # whatever the load now: the file is reused
     monkeypatch.setattr(T, "_loaded", None)
     monkeypatch.setattr(T, "calibrate", lambda: real(size=8 << 20, rounds=1))  # small: a test, not a figure
     cal = T.load_or_calibrate()
