@@ -31,6 +31,8 @@ from .base import Transport, recv_exact, register_transport
 
 try:
     from rlsync import _engine
+    if not hasattr(_engine, "read_process"):  # built before read_process existed: rebuild to get it
+        _engine = None
 except ImportError:  # the native engine is optional: ctypes copy, Python hash, one stream
     _engine = None
 
