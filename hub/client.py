@@ -18,6 +18,7 @@ One class, split by protocol into mixins (one file each; they share the attribut
     client_session.py  Session     join / leave / heartbeat / re-join, the control-RPC wrapper `_call`
     client_publish.py  Publishing  publish, release (re-register, offload-seed)
     client_fetch.py    Fetching    fetch: plan, relay, parallel data-plane pulls, re-plan; `FetchResult`
+    client_delta.py    DeltaSync   publish_delta, fetch_delta (a chain of deltas onto the held version)
 Mixins rather than composed helpers: the protocols share one replica store, one held-replica table
 and one re-join lock, and callers use `HubClient` methods directly.
 """
@@ -30,6 +31,7 @@ from typing import Callable
 
 from . import errors as E
 from .client_config import ClientConfig, DataPlaneConfig  # torch-free home of the configs (run schema)
+from .client_delta import DeltaSync
 from .client_fetch import FetchResult, Fetching
 from .client_publish import Publishing
 from .client_session import Session
@@ -46,7 +48,7 @@ __all__ = ["ClientConfig", "FetchResult", "HubClient", "ReplicaId"]
 log = logging.getLogger(__name__)
 
 
-class HubClient(Session, Publishing, Fetching):
+class HubClient(Session, Publishing, Fetching, DeltaSync):
     def __init__(self, address: str, token: str | None = None, *, token_file: str | None = None,
                  config: ClientConfig | None = None,
                  on_fetch: Callable[[FetchResult], None] | None = None) -> None:
@@ -79,6 +81,7 @@ class HubClient(Session, Publishing, Fetching):
         """Replicas whose release is under way: a re-join does not re-register them (the release
         re-registers one itself if the new hub has not heard of it, so retention still decides)."""
         self._seeding: set[tuple] = set()
+        self._delta_snap: dict = {}  # (model, shard key) -> the publisher's copy of its last version (client_delta.py)
         self._reader_key = ReaderKey()  # proves to sources that this client is its tickets' reader
 
     # ------------------------------------------------------------------ queries

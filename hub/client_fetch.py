@@ -41,6 +41,9 @@ class FetchResult:
     nbytes: int
     manifest: Manifest | None = None
     """The version's manifest (tensor list, units, unit checksums): lets a consumer re-check bytes."""
+    mode: str = "full"
+    """How it arrived: 'full' (units of the version), 'delta' (a chain of deltas onto the held
+    version: `nbytes` is then the delta bytes that moved), 'held' (nothing moved)."""
 
     @property
     def gbps(self) -> float:

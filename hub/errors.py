@@ -130,6 +130,13 @@ class ChecksumError(TransferError):
     code = "checksum"
 
 
+class DeltaError(TransferError):
+    """A delta that does not apply: corrupt, made against other bytes than the reader holds, or
+    decoding to bytes whose checksum is not the target version's. The reader's held version is intact."""
+
+    code = "delta"
+
+
 class TransportUnavailableError(HubError):
     """A transport that cannot run here (missing device, permission, native build)."""
 

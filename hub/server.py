@@ -256,6 +256,9 @@ class HubServer:
         self.load.plan_done(time.perf_counter() - t0)
         return out
 
+    def op_delta_choose(self, ident, rid, wid: str, model: str, version, shard: Shard, base: int, into_spec=None):
+        return self.state.choose_update(wid, model, version, shard, base, into_spec)
+
     def op_fetch_done(self, ident, rid, wid: str, fetch_id: str, ok: bool):
         self.state.fetch_done(wid, fetch_id, ok)
         return True

@@ -10,6 +10,7 @@ One class, split by protocol into mixins (one file each; they share the tables m
     state_versions.py  Versions  publish and commit (journal hook), restore, re-register
     state_fetches.py   Fetches   plan / re-plan / finish a fetch (the planner picks sources)
     state_releases.py  Releases  release steps (retention decides), hand-offs, seed drops and tasks
+    state_deltas.py    Deltas    full version or a chain of deltas for a reader holding an older one
     state_records.py             the records those tables hold (WorkerRec, ReplicaRec, ...)
     state_index.py               the tables' indexes, kept current on every write (no scans)
 Mixins rather than composed helper objects: every protocol reads and writes the same tables in
@@ -26,8 +27,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from .delta_plan import DeltaConfig
 from .planner import Planner, PlannerConfig
 from .retention import KEEP_OLD, RetentionConfig, RetentionPolicy
+from .state_deltas import Deltas
 from .state_fetches import Fetches, check_into_spec
 from .state_index import FetchTable, ReplicaTable, StateIndex
 from .state_records import (DONE, PENDING, SEED, FetchRec, ModelRec, Pin, Plan, Release, ReplicaRec,
@@ -54,12 +57,14 @@ class HubConfig:
     agree to well within this."""
     suspect_s: float = 10.0
     """A source a reader reported dead or stalled gets no new reads for this long (or until it expires)."""
+    delta: DeltaConfig = field(default_factory=DeltaConfig)
+    """Full version or chain of deltas, per reader (hub/delta_plan.py, docs/deltas.md)."""
     reregister_grace_s: float = 5.0
     """After a restart (a journal with committed versions), a fetch or re-plan that finds no holder yet
     waits up to this long for workers to re-register before the hub says lost / not retained."""
 
 
-class HubState(Workers, Versions, Fetches, Releases):
+class HubState(Workers, Versions, Fetches, Releases, Deltas):
     def __init__(self, cfg: HubConfig, commit_hook: Callable[..., None] | None = None,
                  clock: Callable[[], float] = time.monotonic, id_prefix: str = "") -> None:
         self.cfg = cfg

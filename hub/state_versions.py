@@ -9,6 +9,7 @@ import logging
 
 from . import errors as E
 from . import retention
+from .delta_plan import delta_base, is_delta_model
 from .manifest import Manifest
 from .replica_id import ReplicaId
 from .shard import Shard
@@ -29,6 +30,8 @@ class Versions:
         if m is not None and m.latest is not None and version <= m.latest:
             raise E.VersionError(f"{model!r} version {version} <= latest committed {m.latest}: "
                                  "versions are immutable and strictly increasing")
+        if is_delta_model(model):
+            delta_base(manifest)  # a delta object names its base (ManifestMismatchError if not)
         v = m.versions.get(version) if m else None
         rid = ReplicaId(wid, model, version, shard.key).wire
         if rid in self.replicas:

@@ -170,6 +170,8 @@ SPECS: dict[str, dict[str, tuple[Callable, bool]]] = {  # op -> argument -> (che
               "into_spec": (_optional(_into_spec), False)},
     "replan": {"wid": (_WID, True), "fetch_id": (_str, True), "failed": (_list(_str), True),
                "units": (_list(_int(0, 2**32)), True)},
+    "delta_choose": {"wid": (_WID, True), "model": (_model, True), "version": (_version_or_latest, True),
+                     "shard": (_shard, True), "base": (_int(), True), "into_spec": (_optional(_into_spec), False)},
     "fetch_done": {"wid": (_WID, True), "fetch_id": (_str, True), "ok": (_bool, True)},
     "release": {"wid": (_WID, True), "model": (_model, True), "version": (_int(), True),
                 "shard": (_shard, True), "slot": (_str, False), "handoff": (_bool, False)},

@@ -1,0 +1,207 @@
+"""HubClient's delta protocol: publish a version's delta from the previous one, and fetch a version
+as a chain of deltas onto the version a reader holds — bit-exact or a typed failure, never torn.
+
+A mixin of `HubClient` (hub/client.py); its attribute `_delta_snap` is declared there.
+
+    hub.publish("policy", 8, params)
+    hub.publish_delta("policy", 8, params)      # encode v8 against this client's copy of v7; publish it
+    got = hub.fetch_delta("policy", "latest", into=params)   # reader holding v7 in `params`
+    got.mode                                     # 'delta' | 'full' | 'held' (the hub chose)
+
+Publisher side: the client keeps a host copy of the last version it encoded from (one model copy),
+encodes per unit (hub/delta.py) and publishes the frames as version v of `NAME@delta`
+(hub/delta_plan.py), which it then holds and serves like any replica; it releases its deltas older
+than the newest `keep`. Reader side: the hub says full or delta (`delta_choose`); a delta chain is
+fetched like any version (relays, re-plans, fan-out: the reader then serves those deltas on), decoded
+into scratch buffers and checked against v's unit checksums; only then is the held version released
+and `into` overwritten and registered as a full replica of v. Any failure before that raises and
+leaves `into` holding the old version, still registered (docs/deltas.md).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from . import delta as D
+from . import errors as E
+from .client_fetch import FetchResult, _check_tensors
+from .delta_plan import delta_base, delta_model, tensor_name
+from .manifest import Manifest, allocate, byte_view, dtype_name
+from .replica_id import ReplicaId
+from .shard import Shard
+from .store import LocalReplica
+from .wire_args import check_coords as _check_coords
+
+log = logging.getLogger("rlsync.hub.client")
+
+
+@dataclass(slots=True)
+class _Snapshot:
+    version: int
+    manifest: Manifest
+    tensors: dict[str, torch.Tensor]
+    views: list[memoryview]
+
+
+class DeltaSync:
+    """publish_delta (the publisher encodes) and fetch_delta (the hub chooses full or a delta chain)."""
+
+    def publish_delta(self, model: str, version: int, tensors: dict[str, torch.Tensor], shard: Shard = Shard(),
+                      keep: int = 4) -> dict:
+        """Publish v's delta from the last version this client encoded from, then keep a copy of v.
+
+        Call after `publish(model, version, tensors, shard)` and before the tensors change. The first
+        call (or one after a layout change) publishes nothing and only takes the copy. Returns
+        {"base", "delta_bytes", "full_bytes", "encode_s", "copy_s"} (base None: no delta published)."""
+        wid = self._need_join()
+        _check_coords("publish", model, version, shard)
+        rep = self.store.get(ReplicaId(wid, model, version, shard.key).wire)
+        if rep is None or not rep.complete:
+            raise E.NotAReplicaError(f"publish {model!r} v{version} {shard.key} before its delta")
+        _check_tensors(tensors, "tensors")
+        if [rep.tensors[s.name].data_ptr() for s in rep.manifest.tensors] != \
+                [tensors[s.name].data_ptr() if s.name in tensors else -1 for s in rep.manifest.tensors]:
+            raise E.BufferMismatchError("publish_delta: `tensors` are not the ones published as this version")
+        key = (model, shard.key)
+        snap = self._delta_snap.get(key)
+        out = {"base": None, "delta_bytes": 0, "full_bytes": rep.manifest.nbytes, "encode_s": 0.0, "copy_s": 0.0}
+        if snap is not None and snap.version < version and snap.manifest.layout_key() == rep.manifest.layout_key():
+            t0 = time.monotonic()
+            frames = D.encode(snap.manifest, snap.views, rep.manifest, rep.views)
+            dts = {tensor_name(snap.version, i): torch.frombuffer(bytearray(f), dtype=torch.uint8)
+                   for i, f in enumerate(frames)}
+            out["encode_s"] = time.monotonic() - t0
+            self.publish(delta_model(model), version, dts, shard)
+            out.update(base=snap.version, delta_bytes=sum(len(f) for f in frames))
+            self._drop_old_deltas(model, shard, version, keep)
+        t0 = time.monotonic()
+        if snap is None or snap.manifest.layout_key() != rep.manifest.layout_key():
+            copy = {n: torch.empty_like(t) for n, t in rep.tensors.items()}
+            snap = _Snapshot(version, rep.manifest, copy, [byte_view(copy[s.name]) for s in rep.manifest.tensors])
+            self._delta_snap[key] = snap
+        for n, t in snap.tensors.items():
+            t.copy_(rep.tensors[n])
+        snap.version, snap.manifest = version, rep.manifest
+        out["copy_s"] = time.monotonic() - t0
+        return out
+
+    def fetch_delta(self, model: str, version: int | str = "latest", into: dict[str, torch.Tensor] | None = None,
+                    shard: Shard = Shard(), keep: int = 2, fallback: bool = False) -> FetchResult:
+        """Bring `into` (which holds an older version of `model`, fetched or published there) to
+        `version`, by a chain of deltas when the hub says that is cheaper, else in full.
+
+        Bit-exact: every unit of the result is checked against v's manifest before `into` changes.
+        A failure of the delta path raises (DeltaError, TransferError, VersionLostError ...) with
+        `into` still holding, and serving, the old version; with `fallback=True` it fetches v in full
+        instead. The result's `mode` says which path ran; `nbytes` is the bytes that moved."""
+        wid = self._need_join()
+        _check_coords("fetch", model, version, shard)
+        if into is None:
+            return self.fetch(model, version, shard=shard)
+        _check_tensors(into, "into")
+        base = self._held_in(model, shard, into)
+        if base is None or any(t.device.type != "cpu" for t in into.values()):
+            return self.fetch(model, version, into=into, shard=shard)
+        t0 = time.monotonic()
+        spec = [[n, dtype_name(t.dtype), list(t.shape)] for n, t in into.items()]
+        ch = self._call("delta_choose", wid=wid, model=model, version=version, shard=shard.to_wire(),
+                        base=base.version, into_spec=spec)
+        if ch["mode"] != "delta":
+            r = self.fetch(model, ch["version"], into=into, shard=shard)
+            r.mode = "held" if ch["mode"] == "held" else "full"
+            return r
+        manifest = Manifest.from_wire(ch["manifest"])
+        try:
+            frames, per_source, used, moved = self._pull_chain(model, shard, base.version, ch["chain"])
+            result = self._decode_chain(base.rep, manifest, frames)
+        except E.HubError as e:
+            if not fallback:
+                raise
+            log.warning("delta fetch of %s v%d failed (%s): fetching it in full", model, ch["version"], e)
+            r = self.fetch(model, ch["version"], into=into, shard=shard)
+            r.mode = "full"
+            return r
+        # -- every unit of v verified in scratch: now (and only now) the old version in `into` goes
+        self._release_overlapping(into)
+        for n, t in into.items():
+            t.copy_(result[n])
+        self._register_applied(model, ch["version"], shard, manifest, into)
+        self._drop_old_deltas(model, shard, ch["chain"][-1], keep)
+        r = FetchResult(ch["version"], into, per_source, used, time.monotonic() - t0, moved, manifest)
+        r.mode = "delta"
+        if self.on_fetch is not None:
+            self.on_fetch(r)
+        return r
+
+    # ------------------------------------------------------------------ helpers
+    def _held_in(self, model: str, shard: Shard, into: dict[str, torch.Tensor]):
+        """The full replica of `model` this client holds in exactly the `into` buffers, if any."""
+        for rid, (m, v, s, slot) in list(self._held.items()):
+            rep = self.store.get(rid)
+            if m != model or s.key != shard.key or slot != "live" or rep is None or not rep.complete:
+                continue
+            if set(rep.tensors) == set(into) and all(rep.tensors[n].data_ptr() == into[n].data_ptr() for n in into):
+                return _Held(v, rep)
+        return None
+
+    def _pull_chain(self, model: str, shard: Shard, base: int, chain: list[int]):
+        """Fetch each delta of the chain (this worker then holds and serves them); their frames in order."""
+        frames, per_source, used, moved = [], {}, {}, 0
+        for dv in chain:
+            r = self.fetch(delta_model(model), dv, shard=shard)
+            if delta_base(r.manifest) != base:
+                raise E.DeltaError(f"delta v{dv} of {model!r} is from v{delta_base(r.manifest)}, not v{base}")
+            n = len(r.manifest.tensors)
+            frames.append([byte_view(r.tensors[tensor_name(base, i)]) for i in range(n)])
+            for w, b in r.bytes_by_source.items():
+                per_source[w] = per_source.get(w, 0) + b
+            used.update(r.transports)
+            moved += sum(r.bytes_by_source.values())
+            base = dv
+        return frames, per_source, used, moved
+
+    def _decode_chain(self, base: LocalReplica, manifest: Manifest, frames: list) -> dict[str, torch.Tensor]:
+        """Decode the chain into scratch buffers (never the base's); v's bytes, every unit verified."""
+        if base.manifest.layout_key() != manifest.layout_key():
+            raise E.DeltaError("the held version's layout differs from the target's: no delta applies")
+        bufs = [allocate(manifest) for _ in range(min(2, len(frames)))]
+        views = [[byte_view(b[s.name]) for s in manifest.tensors] for b in bufs]
+        cur = base.views
+        for i, fr in enumerate(frames):
+            last = i == len(frames) - 1
+            expect = None if last else [D.frame_info(f)[4] for f in fr]
+            out = views[i % len(views)]
+            D.decode(manifest, cur, fr, out, expect)
+            cur = out
+        return bufs[(len(frames) - 1) % len(bufs)]
+
+    def _register_applied(self, model: str, ver: int, shard: Shard, manifest: Manifest,
+                          into: dict[str, torch.Tensor]) -> None:
+        rid = ReplicaId(self.worker_id, model, ver, shard.key).wire
+        self.store.add(LocalReplica(rid, manifest, into, full=True))
+        self._held[rid] = (model, ver, shard, "live")
+        try:
+            self._call("register", wid=self.worker_id, model=model, version=ver, shard=shard.to_wire(),
+                       slot="live", manifest=manifest.to_wire())
+        except E.HubError as e:  # e.g. forgotten meanwhile: the bytes are v's, but nobody is routed here
+            log.warning("applied %s v%d by delta but could not register it: %s", model, ver, e)
+            self._held.pop(rid, None)
+            self.store.remove(rid)
+
+    def _drop_old_deltas(self, model: str, shard: Shard, newest: int, keep: int) -> None:
+        dm = delta_model(model)
+        for rid, (m, v, s, slot) in list(self._held.items()):
+            if m == dm and s.key == shard.key and slot == "live" and v <= newest - max(1, keep):
+                try:
+                    self.release(dm, v, shard)
+                except E.HubError as e:
+                    log.warning("releasing old delta %s v%d: %s", dm, v, e)
+
+
+@dataclass(slots=True)
+class _Held:
+    version: int
+    rep: LocalReplica

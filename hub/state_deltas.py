@@ -1,0 +1,71 @@
+"""HubState's delta protocol: for a reader holding v_base, full fetch of v or a chain of deltas? No I/O.
+
+A mixin of `HubState` (hub/state.py). Deltas are versions of the companion model `NAME@delta`
+(hub/delta_plan.py), so who holds which delta is the ordinary replica table; this only walks the
+chain back from v to the reader's base and asks `delta_plan.choose`.
+"""
+from __future__ import annotations
+
+from . import errors as E
+from .delta_plan import choose, delta_base, delta_model
+from .shard import Shard
+
+
+class Deltas:
+    """`choose_update`: resolve the version and say how this reader should get it."""
+
+    def choose_update(self, wid: str, model: str, version, shard: Shard, base: int,
+                      into_spec: list | None = None) -> dict:
+        from .state_fetches import check_into_spec
+        reader = self.touch(wid)
+        m = self.model(model)
+        if version == "latest":
+            if m.latest is None:
+                raise E.VersionNotFoundError(f"{model!r} has no committed version yet")
+            ver = m.latest
+        else:
+            vr = m.versions.get(version)
+            if vr is None or not vr.committed:
+                raise E.VersionNotFoundError(f"{model!r} v{version} is not a committed version it remembers "
+                                             f"(latest: {m.latest})")
+            ver = version
+        vr = m.versions[ver]
+        if vr.group != shard.group:
+            raise E.ShardError(f"{model!r} v{ver} has group tp×pp={vr.group}; reader asked {shard.group}")
+        manifest = vr.manifests[shard.key]
+        if into_spec is not None:
+            check_into_spec(manifest, into_spec)
+        out = {"version": ver, "manifest": manifest.to_wire(), "chain": [], "full_bytes": manifest.nbytes,
+               "delta_bytes": 0, "est_full_s": 0.0, "est_delta_s": 0.0}
+        if base == ver:
+            return out | {"mode": "held"}
+        chain = self._delta_chain(wid, reader, model, ver, shard.key, base)
+        full = self._candidates(wid, model, ver, shard.key)
+        full_tier = min((reader.location.distance(self.workers[r.worker].location) for r in full), default=None)
+        mode, t_full, t_delta = choose(self.cfg.delta, full_bytes=manifest.nbytes, full_tier=full_tier,
+                                       chain=[(b, t) for _, b, t in chain], model_bytes=manifest.nbytes)
+        if mode == "full" and full_tier is None and chain:
+            mode = "delta"  # nobody serves v in full right now, but its deltas are there
+        return out | {"mode": mode, "chain": [v for v, _, _ in chain], "delta_bytes": sum(b for _, b, _ in chain),
+                      "est_full_s": t_full if t_full != float("inf") else -1.0,
+                      "est_delta_s": t_delta if t_delta != float("inf") else -1.0}
+
+    def _delta_chain(self, wid: str, reader, model: str, ver: int, shard_key: str,
+                     base: int) -> list[tuple[int, int, int]]:
+        """[(delta version, its bytes, best source tier)] from base+ to ver, oldest first; [] if broken."""
+        dm = self.models.get(delta_model(model))
+        if dm is None or base >= ver:
+            return []
+        chain, cur = [], ver
+        while cur > base and len(chain) <= self.cfg.delta.max_chain:
+            dvr = dm.versions.get(cur)
+            man = dvr.manifests.get(shard_key) if dvr is not None and dvr.committed else None
+            if man is None:
+                return []
+            holders = self._candidates(wid, dm.name, cur, shard_key)
+            if not holders:
+                return []
+            tier = min(reader.location.distance(self.workers[r.worker].location) for r in holders)
+            chain.append((cur, man.nbytes, tier))
+            cur = delta_base(man)
+        return chain[::-1] if cur == base else []

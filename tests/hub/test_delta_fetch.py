@@ -1,0 +1,216 @@
+"""Delta fetch end to end (hub/client_delta.py): real clients, sockets and data plane on loopback.
+
+Bit-exact against a full fetch of the same version; a reader two versions behind takes a chain; a
+delta that does not apply fails typed and leaves the held version intact and served; relays forward
+deltas; a delta source killed mid-transfer is re-planned with no torn result."""
+import threading
+
+import pytest
+import torch
+
+from rlsync.hub import ClientConfig, HubClient, Location, ManifestConfig
+from rlsync.hub import delta as D
+from rlsync.hub import errors as E
+from rlsync.hub.dataplane import DataPlaneConfig
+from rlsync.hub.delta_plan import DeltaConfig, delta_model, tensor_name
+from rlsync.hub.manifest import byte_view
+from rlsync.hub.procs import WorkerProcess, close_all
+from rlsync.hub.server import start_embedded_hub
+from rlsync.hub.state import HubConfig
+
+from test_delta import model, real_like_step  # tests/hub is on sys.path (pytest's rootdir-less import)
+
+pytestmark = pytest.mark.timeout(120)
+CFG = ClientConfig(manifest=ManifestConfig(chunk_bytes=4096, pack_below=512, pack_bytes=2048), transport="tcp-py")
+
+
+@pytest.fixture
+def cluster(request):
+    mode = getattr(request, "param", "auto")
+    hub = start_embedded_hub(config=HubConfig(delta=DeltaConfig(mode=mode)))
+    clients = []
+
+    def make(dc="dc0", host="h", rack="r0", cfg=CFG):
+        c = HubClient(hub.address, hub.token, config=cfg)
+        c.join(Location(dc=dc, rack=rack, host=host), host)
+        clients.append(c)
+        return c
+
+    yield hub, make
+    leaving = [threading.Thread(target=c.leave) for c in clients]  # each waits out its threads: at once
+    for t in leaving:
+        t.start()
+    for t in leaving:
+        t.join()
+    hub.stop()
+
+
+def same(a: dict, b: dict) -> bool:
+    return set(a) == set(b) and all(torch.equal(a[n].view(torch.uint8) if a[n].numel() else a[n],
+                                                b[n].view(torch.uint8) if b[n].numel() else b[n]) for n in a)
+
+
+class Trainer:
+    """Publishes v1, v2, ... in place (release, step, publish, publish_delta), like a real trainer."""
+
+    def __init__(self, client: HubClient, update: str = "real_like", deltas: bool = True):
+        self.c, self.update, self.deltas = client, update, deltas
+        self.live = model(0)
+        self.v = 0
+        self.snap: dict[int, dict] = {}
+
+    def step(self, delta: bool | None = None):
+        if self.v:
+            self.c.release("policy", self.v)
+            new = real_like_step(self.live, self.v) if self.update == "real_like" else self.random()
+            for n, t in self.live.items():
+                t.copy_(new[n])
+        self.v += 1
+        self.c.publish("policy", self.v, self.live)
+        if self.deltas if delta is None else delta:
+            self.c.publish_delta("policy", self.v, self.live)
+        self.snap[self.v] = {n: t.clone() for n, t in self.live.items()}
+        return self.v
+
+    def random(self) -> dict:
+        """Every byte new (a delta the size of the version: the worst case)."""
+        g = torch.Generator().manual_seed(100 + self.v)
+        return {n: torch.randint(0, 256, (t.numel() * t.element_size(),), generator=g, dtype=torch.uint8).view(t.dtype)
+                .view(t.shape) if t.numel() else t for n, t in self.live.items()}
+
+
+@pytest.mark.parametrize("cluster,update", [("auto", "real_like"), ("always", "random")], indirect=["cluster"])
+def test_delta_fetch_is_bit_exact_against_a_full_fetch(cluster, update):
+    hub, make = cluster
+    tr = Trainer(make(dc="dc0", host="t"), update)
+    a, b = make(dc="dc1", host="a", rack="ra"), make(dc="dc1", host="b", rack="rb")
+    tr.step()
+    bufa, bufb = a.fetch("policy").tensors, b.fetch("policy").tensors
+    for _ in range(2):
+        v = tr.step()
+        got = a.fetch_delta("policy", into=bufa)
+        full = b.fetch("policy", into=bufb)
+        assert got.mode == "delta" and got.version == full.version == v
+        assert same(bufa, tr.snap[v]) and same(bufa, bufb)
+        assert got.nbytes < full.nbytes or update == "random"
+        assert not got.manifest.verify(bufa)
+    held = {(r.model, r.version) for r in a.held_ids()}
+    assert ("policy", v) in held and ("policy", v - 1) not in held  # v replaced v-1 in the same buffers
+
+
+def test_reader_missing_two_versions_takes_the_chain(cluster):
+    hub, make = cluster
+    tr = Trainer(make(dc="dc0", host="t"))
+    r = make(dc="dc1", host="r")
+    tr.step()
+    buf = r.fetch("policy").tensors
+    tr.step()
+    v = tr.step()
+    got = r.fetch_delta("policy", into=buf)
+    assert got.mode == "delta" and got.version == v and same(buf, tr.snap[v])
+    choice = r._call("delta_choose", wid=r.worker_id, model="policy", version="latest", shard=[0, 0, 1, 1], base=1)
+    assert choice["chain"] == [2, 3]
+    assert got.nbytes == choice["delta_bytes"]
+
+
+def test_a_broken_chain_fetches_in_full(cluster):
+    hub, make = cluster
+    tr = Trainer(make(dc="dc0", host="t"))
+    r = make(dc="dc1", host="r")
+    tr.step()
+    buf = r.fetch("policy").tensors
+    tr.step(delta=False)      # v2 has no delta object ...
+    tr.c._delta_snap.clear()  # ... and the publisher lost its copy, so v3's delta starts a new chain
+    v = tr.step()
+    got = r.fetch_delta("policy", into=buf)
+    assert got.mode == "full" and got.version == v and same(buf, tr.snap[v])
+
+
+@pytest.mark.parametrize("cluster", ["always"], indirect=True)
+def test_relays_forward_deltas_inside_the_dc(cluster):
+    hub, make = cluster
+    tr = Trainer(make(dc="dc0", host="t"))
+    a, b = make(dc="dc1", host="a"), make(dc="dc1", host="b")
+    tr.step()
+    bufa, bufb = a.fetch("policy").tensors, b.fetch("policy").tensors
+    v = tr.step()
+    first = a.fetch_delta("policy", into=bufa)
+    assert first.mode == "delta" and set(first.bytes_by_source) == {tr.c.worker_id}
+    got = b.fetch_delta("policy", into=bufb)
+    assert got.mode == "delta" and same(bufb, tr.snap[v])
+    assert set(got.bytes_by_source) == {a.worker_id}    # the delta crossed into dc1 once, then from a
+
+
+@pytest.mark.parametrize("cluster", ["always"], indirect=True)
+def test_a_delta_that_does_not_apply_fails_typed_and_keeps_the_held_version(cluster):
+    hub, make = cluster
+    t = make(dc="dc0", host="t")
+    r, other = make(dc="dc1", host="r"), make(dc="dc1", host="o")
+    v1 = model(0)
+    t.publish("policy", 1, v1)
+    buf = r.fetch("policy").tensors
+    v2 = real_like_step(v1, 1)
+    t.release("policy", 1)   # r holds v1 now; t's buffers become v2
+    for n, x in v1.items():
+        x.copy_(v2[n])
+    t.publish("policy", 2, v1)
+    # Fault: a delta object encoded against other bytes than v1 (a publisher bug).
+    wrong = model(7)
+    m_wrong = hub.server.state.models["policy"].versions[1].manifests["tp0-pp0"]
+    m2 = t.store.get(f"{t.worker_id}:policy:2:tp0-pp0:live").manifest
+    frames = D.encode(m_wrong, [byte_view(wrong[s.name]) for s in m_wrong.tensors], m2,
+                      [byte_view(v1[s.name]) for s in m2.tensors])
+    t.publish(delta_model("policy"), 2, {tensor_name(1, i): torch.frombuffer(bytearray(f), dtype=torch.uint8)
+                                         for i, f in enumerate(frames)})
+    before = {n: x.clone() for n, x in buf.items()}
+    with pytest.raises(E.DeltaError):
+        r.fetch_delta("policy", into=buf)
+    assert same(buf, before)                                   # nothing torn
+    assert ("policy", 1) in {(x.model, x.version) for x in r.held_ids()}
+    t.release("policy", 2)                                     # ... and v1 is still served from r
+    assert same(other.fetch("policy", 1).tensors, before)
+    got = r.fetch_delta("policy", 2, into=buf, fallback=True)  # fallback: v2 in full, exact
+    assert got.mode == "full" and not got.manifest.verify(buf)
+
+
+def test_a_delta_source_killed_mid_transfer_is_replanned(wait_until):
+    cfg = ClientConfig(manifest=ManifestConfig(chunk_bytes=64 << 10), transport="tcp-py")
+    hub = start_embedded_hub(config=HubConfig(delta=DeltaConfig(mode="always")))
+    procs = []
+    try:
+        t = HubClient(hub.address, hub.token, config=cfg)
+        t.join(Location(dc="dc0", host="t"), "trainer")
+        r = HubClient(hub.address, hub.token, config=cfg)
+        r.join(Location(dc="dc1", rack="r1", host="r"), "reader")
+        slow = ClientConfig(manifest=cfg.manifest, transport="tcp-py", dataplane=DataPlaneConfig(serve_delay_s=0.05))
+        a = WorkerProcess(hub.address, hub.token, slow, name="a")
+        procs.append(a)
+        a.call("join", location={"dc": "dc1", "rack": "r1", "host": "a"})
+        tr = Trainer(t, update="random")
+        tr.live = {n: torch.randn(256 << 10 >> 2) for n in ("w0", "w1")}  # 2 x 256 KiB: 8 delta units
+        tr.step()
+        buf = r.fetch("policy").tensors
+        v = tr.step()
+        a.call("fetch", model=delta_model("policy"), version=v)        # a holds the delta (same rack as r)
+        out: dict = {}
+        th = threading.Thread(target=lambda: out.update(r=_try(lambda: r.fetch_delta("policy", into=buf))))
+        th.start()
+        wait_until(lambda: any(x["readers"] for x in a.call("served").values()), what="r reading from a")
+        a.kill()
+        th.join(60)
+        got = out["r"]
+        assert not isinstance(got, BaseException), got
+        assert got.mode == "delta" and same(buf, tr.snap[v])
+        assert got.bytes_by_source.get(t.worker_id, 0) > 0      # the rest came from the trainer
+        r.leave()
+        t.leave()
+    finally:
+        close_all(procs)
+        hub.stop()
+
+
+def _try(fn):
+    try:
+        return fn()
+    except BaseException as e:  # noqa: BLE001 - checked by the test
+        return e
