@@ -34,9 +34,14 @@ from rlsync.hub.location import Location
 from rlsync.hub.manifest import Manifest, TensorSpec, Unit
 from rlsync.hub.shard import Shard
 from rlsync.hub.state import HubConfig, HubState
+from rlsync.hub import server as hub_server, wire_args
 from rlsync.hub.rpc import pack, unpack
-from rlsync.hub.server import serving_gc
-from rlsync.hub.wire_args import check_args, manifest_from_wire
+from rlsync.hub.wire_args import check_args
+
+# The same benchmark runs against a checkout from before issue 19 (the "before" figures of docs/scale.md),
+# which had neither of these: the server's GC thresholds, the manifest parse cache.
+serving_gc = getattr(hub_server, "serving_gc", lambda: None)
+manifest_from_wire = getattr(wire_args, "manifest_from_wire", Manifest.from_wire)
 
 MODEL, SHARD = "policy", Shard()
 DCS, RACKS, PER_HOST = 4, 16, 8
@@ -156,9 +161,12 @@ def in_process(n: int, manifest: Manifest, samples: int, budget_s: float) -> dic
     readers = c.workers[1::2]
     rng.shuffle(readers)
     out["plan_idle"] = plan_latency(c, readers, samples, budget_s)
-    nopen = min(n // 10, 1000)
-    for w in readers[samples:samples + nopen]:           # open fetches by other readers, left open
+    nopen, end = 0, time.monotonic() + budget_s
+    for w in readers[samples:samples + min(n // 10, 1000)]:  # open fetches by other readers, left open
         c.state.plan_fetch(w, MODEL, "latest", SHARD)
+        nopen += 1
+        if time.monotonic() > end:
+            break
     out["open_fetches"] = nopen
     out["plan_open"] = plan_latency(c, readers, samples, budget_s)
     del c
@@ -195,8 +203,9 @@ def hub_scale_main(argv: list[str]) -> int:
         r = in_process(n, manifest, a.samples, a.budget_s)
         res["by_size"][str(n)] = r
         pi, po, h, st = r["plan_idle"], r["plan_open"], r["herd"], r["rejoin_storm"]
-        print(f"{n:>6} workers: plan p50/p99 {pi['p50_ms']:.2f}/{pi['p99_ms']:.2f} ms idle (n={pi['n']}), "
-              f"{po['p50_ms']:.2f}/{po['p99_ms']:.2f} ms with {r['open_fetches']} open (n={po['n']}); "
+        print(f"{n:>6} workers: plan p50/p99 {pi['p50_ms']:.2f}/{pi['p99_ms']:.2f} ms idle (CPU p99 "
+              f"{pi['cpu_p99_ms']:.2f}, n={pi['n']}), {po['p50_ms']:.2f}/{po['p99_ms']:.2f} ms with "
+              f"{r['open_fetches']} open (CPU p99 {po['cpu_p99_ms']:.2f}, n={po['n']}); "
               f"herd {_fmt(h)}; re-join storm {_fmt(st)}; load {os.getloadavg()[0]:.1f}", flush=True)
     if not a.no_rpc:
         from rlsync.bench._hub_scale_rpc import rpc_throughput
