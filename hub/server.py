@@ -23,9 +23,10 @@ import zmq
 
 from . import errors as E
 from .journal import Journal
+from .known_manifests import KnownManifests
 from .location import Location
 from .replica_id import ReplicaId
-from .rpc import MAX_MESSAGE_BYTES, pack, read_or_create_token, unpack
+from .rpc import MAX_MESSAGE_BYTES, pack, read_or_create_token
 from .server_load import HubLoad, ManifestBytes, packed_map
 from .shard import Shard
 from .state import DONE, KEEP_OLD, PENDING, HubConfig, HubState
@@ -49,11 +50,14 @@ class HubServer:
         self.epoch = int(self.journal.get_meta("epoch") or 0) + 1
         self.journal.set_meta("epoch", self.epoch)
         self.state = HubState(self.cfg, commit_hook=self._journal_commit, id_prefix=f"{self.epoch}.")
-        restored = 0
+        self._known = KnownManifests()  # the newest ones: what a re-join storm re-registers
+        restored = []
         for model, version, group, manifests, _ in self.journal.load():
-            self.state.restore_committed(model, version, group,
-                                         {k: manifest_from_wire(m) for k, m in manifests.items()})
-            restored += 1
+            parsed = {k: manifest_from_wire(m) for k, m in manifests.items()}
+            self.state.restore_committed(model, version, group, parsed)
+            restored.extend(parsed.values())
+        for m in restored[-self._known.size:]:
+            self._known.add(m)
         # A restart: replica locations are soft state the workers re-register within a heartbeat or
         # two. Until then "no holder" is not an answer: such fetches wait (parked) for them.
         self._grace_until = time.monotonic() + self.cfg.reregister_grace_s if restored else 0.0
@@ -135,7 +139,7 @@ class HubServer:
         self.bytes_in += len(data)
         rid = None
         try:
-            msg = unpack(data)
+            msg = self._known.decode(data)  # unpack(data), a manifest the hub knows not decoded again
             if not isinstance(msg, dict):
                 raise E.ProtocolError("control message must be a map")
             rid = msg.get("id")
@@ -228,6 +232,7 @@ class HubServer:
 
     def op_publish(self, ident, rid, wid: str, model: str, version: int, shard: Shard, manifest: Manifest):
         committed = self.state.publish(wid, model, version, shard, manifest)
+        self._known.add(manifest)
         return {"committed": committed, "latest": self.state.models[model].latest}
 
     def op_register(self, ident, rid, wid: str, model: str, version: int, shard: Shard, slot: str,

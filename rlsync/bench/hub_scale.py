@@ -41,6 +41,10 @@ from rlsync.hub.wire_args import check_args
 # The same benchmark runs against a checkout from before issue 19 (the "before" figures of docs/scale.md),
 # which had neither of these: the server's GC thresholds, the manifest parse cache.
 serving_gc = getattr(hub_server, "serving_gc", lambda: None)
+try:
+    from rlsync.hub.known_manifests import KnownManifests
+except ImportError:
+    KnownManifests = None
 manifest_from_wire = getattr(wire_args, "manifest_from_wire", Manifest.from_wire)
 
 MODEL, SHARD = "policy", Shard()
@@ -129,18 +133,24 @@ def rejoin_storm(c: Cluster, budget_s: float) -> dict:
     the server does per message (unpack, `check_args`, the state call); not timed: the clients packing."""
     s = HubState(HubConfig(worker_timeout_s=1e9), id_prefix="2.")
     wire = c.manifest.to_wire()
-    s.restore_committed(MODEL, 1, SHARD.group, {SHARD.key: manifest_from_wire(wire)})  # as the server does
+    restored = manifest_from_wire(wire)
+    s.restore_committed(MODEL, 1, SHARD.group, {SHARD.key: restored})  # as the server does
+    decode = unpack
+    if KnownManifests is not None:
+        known = KnownManifests()
+        known.add(restored)
+        decode = known.decode
     wall = cpu = 0.0
     end = time.monotonic() + budget_s
     done = 0
     for i, w in enumerate(c.workers):
-        msgs = [("join", pack({"args": {"name": f"w{i}", "location": location(i).to_wire(), "endpoint": endpoint(i),
-                                        "worker_id": w}})),
-                ("register", pack({"args": {"wid": w, "model": MODEL, "version": 1, "shard": SHARD.to_wire(),
-                                            "slot": "live", "manifest": wire}}))]
+        msgs = [("join", {"name": f"w{i}", "location": location(i).to_wire(), "endpoint": endpoint(i), "worker_id": w}),
+                ("register", {"wid": w, "model": MODEL, "version": 1, "shard": SHARD.to_wire(), "slot": "live",
+                              "manifest": wire})]
+        msgs = [(op, pack({"id": i, "op": op, "token": "t" * 48, "args": a})) for op, a in msgs]  # as RpcChannel
         t0, c0 = time.perf_counter(), time.process_time()
         for op, data in msgs:
-            a = check_args(op, unpack(data)["args"])
+            a = check_args(op, decode(data)["args"])
             s.join(**a) if op == "join" else s.register_replica(**a)
         wall += time.perf_counter() - t0
         cpu += time.process_time() - c0
