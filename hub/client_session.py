@@ -115,8 +115,19 @@ class Session:
             raise E.NotJoinedError("call join() before publish/fetch/release")
         return self.worker_id
 
-    def _heartbeat_loop(self) -> None:
+    def _heartbeat_channel(self) -> RpcChannel:
+        """The heartbeat thread's own control channel (a heartbeat never waits behind a release).
+
+        It starts as having been answered when the client's channel was (join() was): a heartbeat that
+        dies with the hub is then sent again the moment a hub listens, like any call. A fresh channel
+        would take the first heartbeat's lost request for a wrong address and wait out its whole try
+        (2 s: the last worker to re-register after a restart, issue 18's seed 9)."""
         rpc = RpcChannel(self.address, self._token, max(2.0, self.cfg.heartbeat_s * 2), deadline_s=0.0)
+        rpc.answered = self._rpc.answered
+        return rpc
+
+    def _heartbeat_loop(self) -> None:
+        rpc = self._heartbeat_channel()
         watch = HubConnectionWatch(self.address)
         try:
             while not self._hb_stop.is_set():

@@ -262,3 +262,68 @@ def test_a_publish_committed_by_a_hub_that_died_before_answering_is_recognised(t
 def reading_from(w) -> bool:
     """Some reader is being served by worker `w` right now."""
     return any(x["readers"] for x in w.call("served").values())
+
+
+def unread_bytes_at(port: int) -> int:
+    """Bytes waiting, unread, in the receive queues of the connections accepted on `port` (IPv4)."""
+    total = 0
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            cols = line.split()
+            if int(cols[1].split(":")[1], 16) == port and cols[3] == "01":  # ESTABLISHED, local = the hub
+                total += int(cols[4].split(":")[1], 16)
+    return total
+
+
+def within(timeout_s: float, cond) -> bool:
+    """Poll `cond` every 20 ms for up to `timeout_s`; whether it became true."""
+    end = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_a_first_heartbeat_lost_with_the_hub_is_sent_again_at_once(tmp_path):
+    """A worker's first heartbeat is in the hub's socket, unread, when the hub is killed (a worker that
+    joined one heartbeat period before the kill). The heartbeat channel is new, but the client's join
+    was answered at that address: the lost heartbeat is a restart, sent again the moment a hub listens,
+    and the restarted hub answers it (NotJoined: re-join now). Before the fix the channel took it for a
+    wrong address and waited out its whole try: 1.8 s of failover on chaos seed 9 (issue 18)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rlsync.hub.errors import NotJoinedError
+
+    port = free_port()
+    proc, address, token = start_hub_process(str(tmp_path), port=port)
+    client = HubClient(address, token, config=ClientConfig(heartbeat_s=3600.0))
+    try:
+        client.join(Location(host="w"))
+        # The client's own heartbeat thread wakes when the hub is back and would re-join under our id
+        # first (the heartbeat under test then succeeds): told to stop, it exits on that wake-up instead.
+        client._hb_stop.set()
+        with ThreadPoolExecutor(1) as ex:
+            for _ in range(3):
+                channel = client._heartbeat_channel()  # as the heartbeat thread makes it: never used yet
+                os.kill(proc.pid, signal.SIGSTOP)      # the hub receives nothing from here on
+                beat = ex.submit(channel.call, "heartbeat", wid=client.worker_id, attempt_s=30.0)
+                if within(5.0, lambda: unread_bytes_at(port) > 0):
+                    break  # the heartbeat sits in the stopped hub's socket
+                # The stop caught the channel's ZeroMQ handshake half-way: the heartbeat is still queued
+                # in the client, not with the hub. Let the hub answer it, and set the scene again.
+                os.kill(proc.pid, signal.SIGCONT)
+                beat.result(timeout=60)
+                channel.close()
+            else:
+                pytest.fail("the heartbeat never reached the stopped hub's socket in 3 tries")
+            proc.kill()
+            proc.wait()
+            proc, _, _ = start_hub_process(str(tmp_path), port=port)
+            with pytest.raises(NotJoinedError):  # the restarted hub's answer, not a timed-out try
+                beat.result(timeout=60)
+        channel.close()
+    finally:
+        client.leave()
+        proc.kill()
+        proc.wait()
