@@ -54,6 +54,8 @@ class Flow:
     """The source's own transfer when the source is a relay still receiving; None for a full source."""
     lag: float = 0.0
     """Bytes the flow stays behind its upstream (one transfer unit)."""
+    cap: float | None = None
+    """Its own rate limit (bytes/s) besides the links, e.g. a store's copy rate; None = none."""
     got: float = 0.0
     rate: float = 0.0
     started: float = 0.0
@@ -220,11 +222,12 @@ class Engine:
     def _cap(self, f: Flow) -> float | None:
         up = f.upstream
         if up is None or up.done:
-            return None
+            return f.cap
         front, grows = f.frontier()
         if f.got < front - _tol(f.nbytes):
-            return None
-        return 0.0 if f.waiting() else grows
+            return f.cap
+        c = 0.0 if f.waiting() else grows
+        return c if f.cap is None else min(c, f.cap)
 
 
 def _tol(nbytes: float) -> float:

@@ -1,0 +1,142 @@
+"""`python -m rlsync.sim validate`: simulated vs measured for the four emulated-topology benchmarks.
+
+"Measured" is the --json output of real runs of `python -m rlsync.bench fanout|elastic|standalone|
+crossdc` (netns hosts, tc-shaped links, real hub and data plane), bundled into one fixture file
+with the command, commit, date and load of each run (`MEASURED`, made by `bundle`), or re-measured
+with `--measure` (needs root; heavy: run it under /work/tools/heavy). The simulator replays each
+run's own configuration (model size, NIC and DC rates, transfer unit, planner knobs); the one
+figure it takes from the run is the link check (one TCP flow's goodput on a shaped link), which sets
+the network's efficiency. Nothing is fitted to the figures being predicted.
+
+Rows: rlsync's figure in every scenario (what the simulator exists to predict; `max_rel_error` is
+over these), and the trainer-only baselines, compared too (`baseline_max_rel_error`).
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from . import scenarios as S
+
+MEASURED = Path(__file__).with_name("measured") / "bench-2026-11-23.json"
+SCENARIOS = ("fanout", "elastic", "standalone", "crossdc")
+COMMANDS = {
+    "fanout": ["fanout", "--reps", "3", "--skip", "ray object store"],
+    "elastic": ["elastic"],
+    "standalone": ["standalone"],
+    "crossdc": ["crossdc"],
+}
+
+
+def model_from(run: dict, efficiency: float, rpc_s: float) -> S.BenchModel:
+    cfg = run["config"]
+    return S.BenchModel(model_bytes=int(cfg["model_bytes"]), nic_rate=str(cfg["nic_rate"]),
+                        chunk_bytes=int(float(cfg["chunk_mib"]) * (1 << 20)), planner=dict(cfg["rlsync_planner"]),
+                        efficiency=efficiency, rpc_s=rpc_s)
+
+
+def efficiency_of(runs: dict) -> float:
+    """One TCP flow's goodput / the shaped NIC rate, from the fanout run's link check (median of pairs)."""
+    fan = runs["fanout"]
+    mbit = statistics.median(fan["link_check_mbit"].values())
+    return min(1.0, mbit * 1e6 / (S.bytes_per_s(fan["config"]["nic_rate"]) * 8))
+
+
+def rows(runs: dict, rpc_s: float = S.BenchModel().rpc_s) -> list[dict]:
+    eff = efficiency_of(runs)
+    out = []
+
+    def row(scenario, system, figure, measured, simulated, counted):
+        err = abs(simulated - measured) / measured
+        out.append({"scenario": scenario, "system": system, "figure": figure, "measured": round(measured, 3),
+                    "simulated": round(simulated, 3), "rel_error": round(err, 4), "counted": counted})
+
+    r = runs["fanout"]
+    m = model_from(r, eff, rpc_s)
+    for n in r["config"]["reader_counts"]:
+        for system, p2p, counted in (("rlsync", False, True), ("trainer-only p2p", True, False)):
+            meas = r["seconds_median"].get(system, {}).get(str(n), r["seconds_median"].get(system, {}).get(n))
+            if meas is not None:
+                row("fanout", system, f"s to the last of {n} readers", meas, S.fanout(m, n, p2p=p2p), counted)
+    r = runs["elastic"]
+    m, cfg = model_from(r, eff, rpc_s), r["config"]
+    for system, p2p, counted in (("rlsync", False, True), ("trainer-only p2p", True, False)):
+        row("elastic", system, f"s until {cfg['joiners']} joiners hold it", r["seconds_median"][system],
+            S.elastic(m, cfg["holders"], cfg["joiners"], p2p=p2p), counted)
+    r = runs["standalone"]
+    m, cfg = model_from(r, eff, rpc_s), r["config"]
+    sim = S.standalone(m, cfg["rollouts"], cfg["steps"], cfg["train_s"], cfg["trainer_gpus"])
+    meas = r["systems"]["rlsync"]
+    row("standalone", "rlsync", f"total GPU stall, {cfg['steps']} steps (s)", meas["total_stall_s"],
+        sim["total_stall_s"], True)
+    r = runs["crossdc"]
+    m, cfg = model_from(r, eff, rpc_s), r["config"]
+    ratio = cfg["dc_link_rate_bps"] / (S.bytes_per_s(cfg["nic_rate"]) * 8)
+    for system, p2p, counted in (("rlsync", False, True), ("per-worker pull", True, False)):
+        sim = S.crossdc(m, cfg["rollouts"], ratio, p2p=p2p)
+        row("crossdc", system, f"total stall of {cfg['rollouts']} rollouts (s)", r["total_stall_s_median"][system],
+            sim["total_stall_s"], counted)
+        row("crossdc", system, "wall (s)", r["wall_s_median"][system], sim["wall_s"], counted)
+    return out
+
+
+def result(bundle: dict, rpc_s: float) -> dict:
+    rs = rows(bundle["runs"], rpc_s)
+    counted = [r["rel_error"] for r in rs if r["counted"]]
+    others = [r["rel_error"] for r in rs if not r["counted"]]
+    return {"max_rel_error": max(counted), "baseline_max_rel_error": max(others) if others else None,
+            "within_10pct": max(counted) <= 0.10, "rows": rs, "efficiency": round(efficiency_of(bundle["runs"]), 4),
+            "rpc_s": rpc_s, "measured_from": {k: bundle.get(k) for k in ("date", "commit", "commands", "load", "note")}}
+
+
+def measure(out_dir: Path) -> dict:
+    """Run the four benchmarks now, one after another (root; minutes), and bundle their JSON."""
+    runs, commands, load = {}, {}, {}
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).parent).stdout.strip()
+    for name in SCENARIOS:
+        path = out_dir / f"{name}.json"
+        cmd = [sys.executable, "-m", "rlsync.bench", *COMMANDS[name], "--json", str(path)]
+        load[name] = {"before": _load()}
+        subprocess.run(cmd, check=True)
+        load[name]["after"] = _load()
+        runs[name] = json.loads(path.read_text())
+        commands[name] = "python -m rlsync.bench " + " ".join(cmd[3:])
+    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit, "commands": commands,
+            "load": load, "runs": runs}
+
+
+def _load() -> list[float]:
+    return [round(x, 2) for x in Path("/proc/loadavg").read_text().split()[:3]] if Path("/proc/loadavg").exists() else []
+
+
+def load_bundle(path: Path | None, do_measure: bool) -> dict:
+    if do_measure:
+        with tempfile.TemporaryDirectory() as d:
+            return measure(Path(d))
+    path = path or MEASURED
+    if not path.exists():
+        raise SystemExit(f"validate: no measured fixture at {path}; pass --measured FILE or --measure")
+    return json.loads(path.read_text())
+
+
+def print_table(res: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"simulated vs measured (efficiency {res['efficiency']}, rpc {res['rpc_s'] * 1e3:.1f} ms)")
+    for col in ("scenario", "system", "figure", "measured", "simulated", "error"):
+        t.add_column(col, justify="right" if col in ("measured", "simulated", "error") else "left")
+    for r in res["rows"]:
+        t.add_row(r["scenario"], r["system"] + ("" if r["counted"] else " (baseline)"), r["figure"],
+                  f"{r['measured']:.2f}", f"{r['simulated']:.2f}", f"{100 * r['rel_error']:.1f}%")
+    c = Console(width=150)
+    c.print(t)
+    src = res["measured_from"]
+    c.print(f"measured: {src.get('date')} at commit {str(src.get('commit'))[:10]}; commands and load in the fixture")
+    c.print(f"max_rel_error (rlsync rows): {res['max_rel_error']:.3f}   baselines: {res['baseline_max_rel_error']:.3f}")
