@@ -71,8 +71,8 @@ class PaperSetup:
     """Object store: storage nodes in the cluster (same NICs); store_nodes / engine_gpus serve a rail."""
     store_copy_gbyte_s: float = 1.25
     """Object store: per-stream copy rate, GB/s (the paper's Ray object store: 40 GB in 32 s)."""
-    fanout_cap: int = 4
-    """rlsync planner: fetches one worker serves at once (the hub's default)."""
+    fanout_cap: int = 1
+    """rlsync planner fan-out cap: 1, as in the emulated benchmarks: with equal NICs a chain pipelines at link rate (the hub default, 4, splits an uplink four ways)."""
 
     @property
     def shard_bytes(self) -> float:

@@ -1,0 +1,68 @@
+"""`python -m rlsync.sim validate | paper`: the simulator's two jobs (docs/scale.md).
+
+    python -m rlsync.sim validate --json outputs/sim/validate.json    # vs the stored benchmark runs
+    python -m rlsync.sim validate --measure --json F                  # re-run the benchmarks first (root, heavy)
+    python -m rlsync.sim paper --json outputs/sim/paper.json          # 1T model, 1,024 engines, 4 DCs
+    python -m rlsync.sim paper --set engines=256 --only standalone    # any assumption changed
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m rlsync.sim", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    v = sub.add_parser("validate", help="simulated vs measured, the four emulated-topology benchmarks")
+    v.add_argument("--json", type=Path, help="write the table, max_rel_error and sources here")
+    v.add_argument("--measured", type=Path, help="a bundle of benchmark --json outputs (default: the stored one)")
+    v.add_argument("--measure", action="store_true", help="run the four benchmarks now (root; minutes)")
+    v.add_argument("--save-measured", type=Path, help="with --measure: also store the bundle here")
+    v.add_argument("--rpc-ms", type=float, default=2.0, help="control-plane round trip per hub RPC (ms)")
+    pa = sub.add_parser("paper", help="the paper's three workloads at its scale vs the baselines")
+    pa.add_argument("--json", type=Path)
+    pa.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="change an assumption")
+    pa.add_argument("--only", action="append", choices=["standalone", "elastic", "crossdc"])
+    a = p.parse_args(argv)
+    if a.cmd == "validate":
+        return _validate(a)
+    return _paper(a)
+
+
+def _validate(a) -> int:
+    from . import validate as V
+    bundle = V.load_bundle(a.measured, a.measure)
+    if a.measure and a.save_measured:
+        a.save_measured.parent.mkdir(parents=True, exist_ok=True)
+        a.save_measured.write_text(json.dumps(bundle, indent=1))
+    res = V.result(bundle, a.rpc_ms / 1e3)
+    V.print_table(res)
+    _write(a.json, res)
+    return 0 if res["within_10pct"] else 1
+
+
+def _paper(a) -> int:
+    from . import paper as P
+    from .report import print_paper
+    setup = P.parse_set(a.set)
+    t0 = time.monotonic()
+    res = P.run(setup, a.only)
+    res["elapsed_s"] = round(time.monotonic() - t0, 1)
+    print_paper(res)
+    _write(a.json, res)
+    return 0
+
+
+def _write(path: Path | None, res: dict) -> None:
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(res, indent=2))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
