@@ -71,6 +71,9 @@ class PaperSetup:
     """Object store: storage nodes in the cluster (same NICs); store_nodes / engine_gpus serve a rail."""
     store_copy_gbyte_s: float = 1.25
     """Object store: per-stream copy rate, GB/s (the paper's Ray object store: 40 GB in 32 s)."""
+    preempt_frac: float = 0.0
+    """elastic: this fraction of the holders (those serving a read first) is preempted without notice
+    1 s into the joiners' fetch; their readers re-plan; the hub expires them after its worker timeout."""
     fanout_cap: int = 1
     """rlsync planner fan-out cap: 1, as in the emulated benchmarks: with equal NICs a chain pipelines at link rate (the hub default, 4, splits an uplink four ways)."""
 
@@ -166,6 +169,7 @@ def elastic(p: PaperSetup) -> dict:
             c.hub.register_replica(c.wid[e], "policy", 1, Shard(), "live", m)
         joiners = engines[half:]
         done = _run_fetches(c, joiners, join=True)
+        c.engine.at(1.0, _preempt_serving, c, engines[:half], int(half * p.preempt_frac))
         c.engine.run()
         _check(c, done, joiners, f"elastic {system}")
         out[system] = {**_stall(p, done.values(), 0.0, trainer=False), "seconds": max(done.values())}
@@ -173,6 +177,12 @@ def elastic(p: PaperSetup) -> dict:
     _, done = _store(p, net, trainers[0], engines[half:], put_first=False)
     out["object store"] = {**_stall(p, done.values(), 0.0, trainer=False), "seconds": max(done.values())}
     return out
+
+
+def _preempt_serving(c: SimCluster, holders: list[str], k: int) -> None:
+    serving = {v[2] for r in c.runs.values() for v in r.pending.values()}
+    for e in sorted(holders, key=lambda h: (h not in serving, h))[:k]:
+        c.preempt(e)
 
 
 def crossdc(p: PaperSetup) -> dict:

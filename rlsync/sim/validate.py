@@ -111,6 +111,19 @@ def measure(out_dir: Path) -> dict:
             "load": load, "runs": runs}
 
 
+def bundle(run_dir: Path, note: str = "") -> dict:
+    """Bundle `run_dir`/{fanout,elastic,standalone,crossdc}.json (benchmark --json outputs) and its
+    meta.txt (commit, start/end times and load per run, written by the script that ran them)."""
+    runs = {name: json.loads((run_dir / f"{name}.json").read_text()) for name in SCENARIOS}
+    meta = (run_dir / "meta.txt").read_text() if (run_dir / "meta.txt").exists() else ""
+    first = meta.split()
+    return {"date": time.strftime("%Y-%m-%d", time.gmtime((run_dir / "fanout.json").stat().st_mtime)),
+            "commit": first[1] if len(first) > 1 and first[0] == "commit" else None,
+            "commands": {k: v.get("command") for k, v in runs.items()},
+            "load": {k: v.get("machine", {}).get("loadavg") for k, v in runs.items()},
+            "log": meta.splitlines(), "note": note, "runs": runs}
+
+
 def _load() -> list[float]:
     return [round(x, 2) for x in Path("/proc/loadavg").read_text().split()[:3]] if Path("/proc/loadavg").exists() else []
 
