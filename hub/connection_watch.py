@@ -1,16 +1,54 @@
-"""`HubConnectionWatch`: notice the moment a restarted hub listens again.
+"""`HubConnectionWatch`: notice the moment a restarted hub listens again; `monitor`: ZeroMQ socket
+events that can never stall the process.
 
-The client's heartbeat thread waits on it between heartbeats. ZeroMQ reconnects a DEALER socket by
-itself; its socket monitor reports the TCP connection dropping and coming back. A heartbeat sent
-while the hub was down would be lost and time out; waiting for "connected again" instead lets the
-worker re-join and re-register its replicas within one reconnect interval of the restart.
+The client's heartbeat thread waits on the watch between heartbeats. ZeroMQ reconnects a DEALER
+socket by itself; its socket monitor reports the TCP connection dropping and coming back. A heartbeat
+sent while the hub was down would be lost and time out; waiting for "connected again" instead lets
+the worker re-join and re-register its replicas within one reconnect interval of the restart.
+
+Why `monitor` and not pyzmq's `get_monitor_socket`: ZeroMQ's I/O thread writes each monitor event with
+a *blocking* send into an inproc PAIR whose queue holds ~2000 events by default. Nobody reading it
+(an idle or forgotten channel whose old hub port now belongs to a listener that accepts and drops:
+20 drops a second at our 50 ms reconnect) fills it in ~100 s, and then the I/O thread blocks for
+good: every ZeroMQ socket of the process goes silent — its clients, and an embedded hub that still
+logs "hub serving" but answers nobody (what one CI worker showed on 2026-11-23: 15 tests timed out
+joining fresh hubs, for the rest of that worker). So our monitor queues are unbounded, and a control
+channel monitors only during a call (tests/hub/test_monitor_flood.py).
 """
 from __future__ import annotations
 
+import itertools
+import os
 import time
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
+
+_monitor_ids = itertools.count(1)
+
+RECONNECT_IVL_MS = 50
+"""How often ZeroMQ retries a dropped connection to the hub (the control channel and the watch)."""
+
+
+def monitor(sock: zmq.Socket, events: int) -> zmq.Socket:
+    """A PAIR socket receiving `sock`'s `events`, with an unbounded queue (RCVHWM 0: the I/O thread's
+    send never blocks). Read it while the events matter; `unmonitor` as soon as they do not."""
+    addr = f"inproc://rlsync-monitor-{os.getpid()}-{next(_monitor_ids)}"  # never reused: no bind race
+    sock.monitor(addr, events)
+    mon = sock.context.socket(zmq.PAIR)
+    mon.setsockopt(zmq.LINGER, 0)
+    mon.setsockopt(zmq.RCVHWM, 0)  # set before connect: an inproc queue is unbounded when either end is 0
+    mon.connect(addr)
+    return mon
+
+
+def unmonitor(sock: zmq.Socket, mon: zmq.Socket) -> None:
+    """Stop `sock`'s monitor, then close its PAIR (in that order: no event is ever sent to a closed end)."""
+    try:
+        sock.monitor(None, 0)
+    except zmq.ZMQError:
+        pass
+    mon.close(0)
 
 
 class HubConnectionWatch:
@@ -22,29 +60,30 @@ class HubConnectionWatch:
     def __init__(self, address: str) -> None:
         self._sock = zmq.Context.instance().socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.RECONNECT_IVL, 50)
-        self._mon = self._sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        self._sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
+        self._mon = monitor(self._sock, zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         self._sock.connect(address)
         self.down = False
 
     def wait_reconnect(self, timeout_s: float) -> bool:
-        """Wait up to `timeout_s`; True as soon as the hub is reachable again after a disconnect."""
+        """Wait up to `timeout_s`; True as soon as the hub is reachable again after a disconnect.
+        Every event already queued is read first (a flapping connection queues them faster than one
+        per heartbeat), so `down` is the connection's latest state."""
         end = time.monotonic() + timeout_s
-        while (left := end - time.monotonic()) > 0:
-            if not self._mon.poll(max(1, int(left * 1000))):
-                return False
-            event = recv_monitor_message(self._mon)["event"]
-            if event == zmq.EVENT_DISCONNECTED:
-                self.down = True
-            elif event == zmq.EVENT_CONNECTED and self.down:
-                self.down = False
+        back = False
+        while True:
+            while self._mon.poll(0):
+                event = recv_monitor_message(self._mon)["event"]
+                if event == zmq.EVENT_DISCONNECTED:
+                    self.down = True
+                elif event == zmq.EVENT_CONNECTED and self.down:
+                    self.down, back = False, True
+            if back and not self.down:
                 return True
-        return False
+            left = end - time.monotonic()
+            if left <= 0 or not self._mon.poll(max(1, int(left * 1000))):
+                return False
 
     def close(self) -> None:
-        try:
-            self._sock.disable_monitor()
-        except Exception:  # noqa: BLE001 - closing anyway
-            pass
-        self._mon.close(0)
+        unmonitor(self._sock, self._mon)
         self._sock.close(0)

@@ -21,6 +21,8 @@ import msgpack
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from . import connection_watch
+from .connection_watch import monitor, unmonitor
 from .errors import AuthError, HubUnavailableError, InvalidArgumentError, ProtocolError, error_from_code
 from .wire_args import check_args
 
@@ -79,7 +81,6 @@ class RpcChannel:
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._sock = None
-        self._mon = None
         self.answered = False
         """Whether the hub at `address` ever answered this channel."""
         self.retried = False
@@ -93,28 +94,14 @@ class RpcChannel:
             s = self._ctx.socket(zmq.DEALER)
             s.setsockopt(zmq.LINGER, 0)
             s.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
-            s.setsockopt(zmq.RECONNECT_IVL, 50)
-            # Tells a call waiting for its answer that the connection to the hub dropped: the request
-            # went with the hub (restart, kill -9), so it is sent again at once instead of waiting out
-            # its try (seconds: a release's answer, or any call in flight when the hub died).
-            self._mon = s.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            s.setsockopt(zmq.RECONNECT_IVL, connection_watch.RECONNECT_IVL_MS)
             try:
                 s.connect(self.address)
             except zmq.ZMQError as e:
-                self._close_socket(s)
+                s.close(0)
                 raise InvalidArgumentError(f"bad hub address {self.address!r} ({e}); expected tcp://host:port") from None
             self._sock = s
         return self._sock
-
-    def _close_socket(self, s) -> None:
-        try:
-            s.disable_monitor()
-        except zmq.ZMQError:
-            pass
-        if self._mon is not None:
-            self._mon.close(0)
-            self._mon = None
-        s.close(0)
 
     def call(self, op: str, *, attempt_s: float | None = None, deadline_s: float | None = None, **args):
         """Call `op` on the hub; retry with backoff while it is unreachable, up to `deadline_s`.
@@ -149,46 +136,54 @@ class RpcChannel:
     def _call_once(self, op: str, timeout: float, args: dict):
         with self._lock:
             sock = self._socket()
-            mon = self._mon
-            while mon.poll(0):  # drops seen before this call: what was lost then was answered or retried
-                recv_monitor_message(mon)
-            rid = next(self._ids)
-            sock.send_multipart([b"", pack({"id": rid, "op": op, "token": self.token, "args": args})])
-            poller = zmq.Poller()
-            poller.register(sock, zmq.POLLIN)
-            poller.register(mon, zmq.POLLIN)
-            deadline = time.monotonic() + timeout
-            while True:
-                wait = max(0.0, deadline - time.monotonic())
-                ready = dict(poller.poll(int(wait * 1000)))
-                if not ready:
-                    # Drop the socket: a late reply must not be read as the answer to the next call.
-                    self._close_socket(sock)
-                    self._sock = None
-                    raise HubUnavailableError(f"hub at {self.address} did not answer {op!r} within {timeout:.1f}s")
-                if mon in ready:
-                    if recv_monitor_message(mon)["event"] == zmq.EVENT_DISCONNECTED and self.answered:
-                        # The hub went while it had our request: send it again now; ZeroMQ delivers it
-                        # the moment a hub listens there again. (It may reach a hub twice: every
-                        # operation tolerates that, as for any retry.)
-                        self.retried = True
-                        rid = next(self._ids)
-                        sock.send_multipart([b"", pack({"id": rid, "op": op, "token": self.token, "args": args})])
-                    continue
-                frames = sock.recv_multipart()
-                msg = unpack(frames[-1])
-                if not isinstance(msg, dict):
-                    raise ProtocolError(f"hub at {self.address} sent a non-map reply")
-                self.answered = True
-                if msg.get("id") != rid:
-                    continue  # a stale reply to a call that timed out earlier
-                if msg.get("ok"):
-                    return msg.get("result")
-                code, text = msg.get("error", ["hub_error", "unknown error"])
-                raise error_from_code(code, text)
+            # Tells this call that the connection to the hub dropped while it waited: the request went
+            # with the hub (restart, kill -9), so it is sent again at once instead of waiting out its
+            # try (seconds: a release's answer, or any call in flight when the hub died). Watched only
+            # during the call: an idle channel queues no events (hub/connection_watch.py says why).
+            mon = monitor(sock, zmq.EVENT_DISCONNECTED)
+            try:
+                return self._exchange(sock, mon, op, timeout, args)
+            finally:
+                unmonitor(sock, mon)
+                if self._sock is not sock:  # dropped: a late reply must not answer the next call
+                    sock.close(0)
+
+    def _exchange(self, sock, mon, op: str, timeout: float, args: dict):
+        rid = next(self._ids)
+        sock.send_multipart([b"", pack({"id": rid, "op": op, "token": self.token, "args": args})])
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(mon, zmq.POLLIN)
+        deadline = time.monotonic() + timeout
+        while True:
+            wait = max(0.0, deadline - time.monotonic())
+            ready = dict(poller.poll(int(wait * 1000)))
+            if not ready:
+                self._sock = None  # the caller closes it
+                raise HubUnavailableError(f"hub at {self.address} did not answer {op!r} within {timeout:.1f}s")
+            if mon in ready:
+                if recv_monitor_message(mon)["event"] == zmq.EVENT_DISCONNECTED and self.answered:
+                    # The hub went while it had our request: send it again now; ZeroMQ delivers it the
+                    # moment a hub listens there again. (It may reach a hub twice: every operation
+                    # tolerates that, as for any retry.)
+                    self.retried = True
+                    rid = next(self._ids)
+                    sock.send_multipart([b"", pack({"id": rid, "op": op, "token": self.token, "args": args})])
+                continue
+            frames = sock.recv_multipart()
+            msg = unpack(frames[-1])
+            if not isinstance(msg, dict):
+                raise ProtocolError(f"hub at {self.address} sent a non-map reply")
+            self.answered = True
+            if msg.get("id") != rid:
+                continue  # a stale reply to a call that timed out earlier
+            if msg.get("ok"):
+                return msg.get("result")
+            code, text = msg.get("error", ["hub_error", "unknown error"])
+            raise error_from_code(code, text)
 
     def close(self) -> None:
         with self._lock:
             if self._sock is not None:
-                self._close_socket(self._sock)
+                self._sock.close(0)
                 self._sock = None
