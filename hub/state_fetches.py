@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 
 from . import errors as E
+from .location import CROSS_DC
 from .manifest import Manifest
 from .planner import Source
 from .replica_id import ReplicaId
@@ -120,11 +121,13 @@ class Fetches:
 
     def _nearest_sources(self, reader: WorkerRec, model: str, ver: int, shard: str,
                          exclude_fetch: str | None) -> list[Source]:
-        """The planner's input for a fresh plan: what `_candidates` returns, cut to the tiers the planner can
-        pick from. Tiers (host, rack, DC, other DCs) are walked nearest first; once one holds a healthy
-        source under the fan-out cap, no farther one can be chosen (the planner takes the nearest tier
-        with a source under its cap, or in-DC relays over cap), so the walk stops there. When no tier
-        has one (or `source_hosts` filters), the full candidate list goes to the planner as before."""
+        """The planner's input for a fresh plan: what `_candidates` returns, cut to what the planner can pick.
+        Tiers (host, rack, DC, other DCs) are walked nearest first. The planner takes the nearest tier
+        with a source under the fan-out cap, from its sources under the cap; only when that tier is another
+        DC may it take in-DC sources over cap instead. So the walk stops at the first tier with a healthy
+        source under the cap and hands over that tier's ones under the cap (and, for another DC, every
+        healthy source walked). With none under the cap anywhere it hands over every healthy source;
+        with no healthy one (or `source_hosts` set) the full candidate list, as `_candidates` has it."""
         idx = self._index
         places = idx.places.get((model, ver, shard))
         if places and not self.planner.cfg.source_hosts:
@@ -134,9 +137,9 @@ class Fetches:
             hk, rk, dk = place_keys(loc)
             tiers = ((places.get(hk, ()), None), (places.get(rk, ()), hk), (places.get(dk, ()), rk),
                      (idx.shard_replicas.get((model, ver, shard), ()), dk))
-            out: list[Source] = []
-            for rids, nearer in tiers:
-                under = False
+            over: list[tuple] = []
+            for tier, (rids, nearer) in enumerate(tiers):
+                under: list[tuple] = []
                 for rid in rids:
                     r = self.replicas[rid]
                     w = self.workers.get(r.worker)
@@ -144,12 +147,12 @@ class Fetches:
                             or self.suspects.get(rid, 0) > now or _within(idx.placed[rid], nearer)):
                         continue
                     load = idx.load.get(r.worker, 0)
-                    out.append(Source(rid, r.worker, w.location, r.full, load, r.origin))
-                    under = under or load < cap
+                    (under if load < cap else over).append((r, w, load))
                 if under:
-                    return out
-            if out:
-                return out
+                    pick = under if tier < CROSS_DC else under + over
+                    return [Source(r.id, r.worker, w.location, r.full, load, r.origin) for r, w, load in pick]
+            if over:
+                return [Source(r.id, r.worker, w.location, r.full, load, r.origin) for r, w, load in over]
         return [Source(r.id, r.worker, self.workers[r.worker].location, r.full, self.worker_load(r.worker), r.origin)
                 for r in self._candidates(reader.id, model, ver, shard, exclude_fetch=exclude_fetch)]
 
