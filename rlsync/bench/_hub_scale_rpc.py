@@ -169,8 +169,33 @@ class FetchCycle:
             self.plans += 1
 
 
+class Storm:
+    """After a hub restart: every worker joins again under its id, then re-registers a full copy of v1."""
+
+    def __init__(self, d: Driver, manifest_wire: dict) -> None:
+        self.d, self.wire, self.stage, self.registered = d, manifest_wire, {}, 0
+
+    def __call__(self, i):
+        st = self.stage.get(i, 0)
+        if st in (1, 3) or st >= 4 or not self.d.wids[i]:
+            return None  # waiting for its answer, or done
+        self.stage[i] = st + 1
+        g, w = self.d.first + i, self.d.wids[i]
+        if st == 0:
+            return "join", {"name": f"w{g}", "location": _location(g), "worker_id": w,
+                            "endpoint": {"tcp": f"127.0.0.1:{7000 + g % 50000}", "reader_key": g.to_bytes(32, "little")}}
+        return "register", {"wid": w, "model": MODEL, "version": 1, "shard": [0, 0, 1, 1], "slot": "live",
+                            "manifest": self.wire}
+
+    def reply(self, i, msg) -> None:
+        self.stage[i] += 1
+        if self.stage[i] == 4 and msg.get("ok"):
+            self.registered += 1
+
+
 def client_main(argv: list[str]) -> int:
     address, token, first, n, sockets, window, seconds = argv[0], argv[1], *map(int, argv[2:6]), float(argv[6])
+    units = int(argv[7])
     d = Driver(address, token, first, n, sockets, window)
     for line in sys.stdin:
         phase = line.strip()
@@ -184,6 +209,11 @@ def client_main(argv: list[str]) -> int:
             f = FetchCycle(d)
             r = d.run(f, seconds)
             r["plans"] = f.plans
+        elif phase == "storm":
+            from rlsync.bench.hub_scale import big_manifest
+            s = Storm(d, big_manifest(units).to_wire())
+            r = d.run(s, seconds * 20, total=2 * n)
+            r["registered"] = s.registered
         else:
             break
         print(json.dumps(r), flush=True)
@@ -202,19 +232,32 @@ def _rss_kb(pid: int) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
 
 
+def _serve(tmp: str, port: int) -> tuple[subprocess.Popen, str]:
+    hub = subprocess.Popen([sys.executable, "-m", "rlsync.hub", "serve", "--host", "127.0.0.1", "--port", str(port),
+                            "--token-file", os.path.join(tmp, "tok"), "--journal", os.path.join(tmp, "j.db"),
+                            "--worker-timeout", "3600"], stdout=subprocess.PIPE, text=True,
+                           stderr=open(os.path.join(tmp, "hub.log"), "a"))
+    return hub, hub.stdout.readline().split("listening on ")[1].strip()
+
+
+def _stop(hub: subprocess.Popen) -> None:
+    hub.terminate()
+    try:
+        hub.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        hub.kill()
+        hub.wait()
+
+
 def rpc_throughput(workers: int, clients: int, seconds: float, manifest, budget_s: float) -> dict:
-    """Start a hub, publish `manifest` as v1, then run the phases; hub CPU and RSS from /proc."""
+    """Start a hub, publish `manifest` as v1, then run the phases; hub CPU and RSS from /proc. Last, a
+    restart on the same journal and port, and every worker re-joining and re-registering v1 (the storm)."""
     from rlsync.hub.rpc import RpcChannel
     tmp = tempfile.mkdtemp(prefix="rlsync-hubscale-")
     tok_file = os.path.join(tmp, "tok")
-    hub = subprocess.Popen([sys.executable, "-m", "rlsync.hub", "serve", "--host", "127.0.0.1", "--port", "0",
-                            "--token-file", tok_file, "--journal", os.path.join(tmp, "j.db"),
-                            "--worker-timeout", "3600"], stdout=subprocess.PIPE, text=True,
-                           stderr=open(os.path.join(tmp, "hub.log"), "w"))
     procs = []
+    hub, address = _serve(tmp, 0)
     try:
-        line = hub.stdout.readline()
-        address = line.split("listening on ")[1].strip()
         token = open(tok_file).read().strip()
         rpc = RpcChannel(address, token, timeout_s=30.0)
         me = rpc.call("join", name="trainer", location={"dc": "dc0", "rack": "r0", "host": "trainer"},
@@ -226,7 +269,7 @@ def rpc_throughput(workers: int, clients: int, seconds: float, manifest, budget_
         for c in range(clients):
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "rlsync.bench._hub_scale_rpc", address, token, str(c * per), str(per),
-                 str(sockets), str(window), str(seconds)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+                 str(sockets), str(window), str(seconds), str(len(manifest.units))], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
         out: dict = {"workers": per * clients, "clients": clients, "connections": clients * sockets + 1}
 
         def phase(name: str) -> tuple[list[dict], float, float]:
@@ -256,6 +299,12 @@ def rpc_throughput(workers: int, clients: int, seconds: float, manifest, budget_
         out["fetch_errors"] = sum(r["errors"] for r in rs)
         out["fetch_hub_cpu_share"] = cpu / wall
         rpc.close()
+        _stop(hub)  # failover: the same journal and port; the clients' sockets reconnect by themselves
+        hub, _ = _serve(tmp, int(address.rsplit(":", 1)[1]))
+        rs, wall, cpu = phase("storm")
+        out["storm_registered"] = sum(r["registered"] for r in rs)
+        out["storm_s"] = wall if out["storm_registered"] == out["joined"] else None
+        out["storm_elapsed_s"], out["storm_hub_cpu_s"] = wall, cpu
         return out
     finally:
         for p in procs:
@@ -267,11 +316,7 @@ def rpc_throughput(workers: int, clients: int, seconds: float, manifest, budget_
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 p.kill()
-        hub.terminate()
-        try:
-            hub.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            hub.kill()
+        _stop(hub)
 
 
 if __name__ == "__main__":

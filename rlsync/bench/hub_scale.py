@@ -41,10 +41,9 @@ from rlsync.hub.wire_args import check_args
 # The same benchmark runs against a checkout from before issue 19 (the "before" figures of docs/scale.md),
 # which had neither of these: the server's GC thresholds, the manifest parse cache.
 serving_gc = getattr(hub_server, "serving_gc", lambda: None)
-try:
-    from rlsync.hub.known_manifests import KnownManifests
-except ImportError:
-    KnownManifests = None
+KnownManifests = None
+if hasattr(hub_server, "KnownManifests"):  # the server decodes requests through it (hub/known_manifests.py)
+    KnownManifests = hub_server.KnownManifests
 manifest_from_wire = getattr(wire_args, "manifest_from_wire", Manifest.from_wire)
 
 MODEL, SHARD = "policy", Shard()
@@ -223,8 +222,11 @@ def hub_scale_main(argv: list[str]) -> int:
         rp = res["rpc"]
         print(f"RPC ({a.rpc_workers} workers, {a.rpc_clients} client processes, {rp['connections']} connections): "
               f"heartbeat {rp['heartbeat_per_s']:.0f}/s, fetch cycle {rp['fetch_rpc_per_s']:.0f} RPC/s ({rp['fetch_plans_per_s']:.0f} plans/s); hub CPU "
-              f"{rp['hub_cpu_share']:.2f} core; hub RSS {rp['rss_per_worker_kb']:.2f} KB/worker; load {os.getloadavg()[0]:.1f}", flush=True)
+              f"{rp['hub_cpu_share']:.2f} core; hub RSS {rp['rss_per_worker_kb']:.2f} KB/worker; after a hub restart "
+              f"{rp['storm_registered']} of {rp['joined']} re-joined and re-registered in {rp['storm_elapsed_s']:.2f} s "
+              f"({rp['storm_hub_cpu_s']:.2f} s hub CPU); load {os.getloadavg()[0]:.1f}", flush=True)
         res["rpc_per_s"] = rp["rpc_per_s"]  # the slower of heartbeats and fetch cycles
+        res["rpc_storm_s"] = rp["storm_s"]
     big = res["by_size"].get("10000")
     if big:
         res["plan_p99_ms_10k"] = big["plan_idle"]["p99_ms"]
