@@ -63,19 +63,24 @@ class Flow:
 
     def frontier(self) -> tuple[float, float]:
         """(bytes this flow may hold now, how fast that bound grows in bytes/s)."""
-        up = self.upstream
-        if up is None or up.done:
-            return self.nbytes, 0.0
-        scale = self.nbytes / up.total if up.total > 0 else 0.0
-        have = up.frac * self.nbytes
-        if self.waiting():
-            return 0.0, 0.0
-        return max(0.0, min(self.nbytes, have - self.lag)), up.rate * scale
+        front, grows, _ = self.bound()
+        return front, grows
 
     def waiting(self) -> bool:
         """The upstream does not hold this flow's first unit yet."""
+        return self.bound()[2]
+
+    def bound(self) -> tuple[float, float, bool]:
+        """(frontier, its growth rate, waiting for the upstream's first unit) in one pass."""
         up = self.upstream
-        return up is not None and not up.done and up.frac * self.nbytes < self.lag - _tol(self.nbytes)
+        if up is None or up.done:
+            return self.nbytes, 0.0, False
+        n = self.nbytes
+        scale = n / up.total if up.total > 0 else 0.0
+        have = min(1.0, up.got / up.total) * n if up.total > 0 else n
+        if have < self.lag - (1e-9 * n + 1e-6):
+            return 0.0, 0.0, True
+        return max(0.0, min(n, have - self.lag)), up.rate * scale, False
 
 
 class Engine:
@@ -184,10 +189,13 @@ class Engine:
             up = f.upstream
             if up is None or up.done:
                 continue
-            front, grows = f.frontier()
-            scale = f.nbytes / up.total if up.total > 0 else 0.0
-            if f.waiting() and up.rate > 0 and scale > 0:  # waiting for the upstream's first unit
-                best = min(best, max(0.0, (f.lag - up.frac * f.nbytes)) / (up.rate * scale))
+            front, grows, waiting = f.bound()
+            if waiting:  # waiting for the upstream's first unit
+                if grows > 0 or up.rate > 0:
+                    scale = f.nbytes / up.total if up.total > 0 else 0.0
+                    if scale > 0:
+                        best = min(best, max(0.0, (f.lag - up.frac * f.nbytes)) / (up.rate * scale))
+                continue
             gap = front - f.got
             if gap > _tol(f.nbytes) and f.rate > grows:  # free, and catching up
                 best = min(best, gap / (f.rate - grows))
@@ -203,9 +211,29 @@ class Engine:
             if link not in self._cap_cache:
                 self._cap_cache[link] = self.net.capacity(link)
             caps[link] = self._cap_cache[link]
+        # Each relay flow's regime is fixed for this instant: free, waiting (cap 0), or caught up
+        # (capped at its upstream's rate, which the passes below settle: a fixed point).
+        fixed: dict[int, float | None] = {}
+        caught: list[tuple[Flow, float]] = []
+        for f in flows:
+            up = f.upstream
+            if up is None or up.done:
+                fixed[f.id] = f.cap
+                continue
+            front, _, waiting = f.bound()
+            if waiting:
+                fixed[f.id] = 0.0
+            elif f.got < front - _tol(f.nbytes):
+                fixed[f.id] = f.cap
+            else:
+                caught.append((f, f.nbytes / up.total if up.total > 0 else 0.0))
+        owners = {id(f.owner): f.owner for f in flows if f.owner is not None}
         for _ in range(MAX_RATE_PASSES):
             self.rate_passes += 1
-            spec = {f.id: (f.links, self._cap(f)) for f in flows}
+            spec = {f.id: (f.links, fixed[f.id]) for f in flows if f.id in fixed}
+            for f, scale in caught:
+                c = f.upstream.rate * scale
+                spec[f.id] = (f.links, c if f.cap is None else min(c, f.cap))
             new = max_min_rates(spec, caps)
             changed = False
             for f in flows:
@@ -213,21 +241,10 @@ class Engine:
                 if abs(r - f.rate) > 1e-9 * max(1.0, r):
                     changed = True
                 f.rate = r
-            owners = {id(f.owner): f.owner for f in flows if f.owner is not None}
             for o in owners.values():
                 o.rate = sum(x.rate for x in o.flows)
-            if not changed:
+            if not changed or not caught:
                 return
-
-    def _cap(self, f: Flow) -> float | None:
-        up = f.upstream
-        if up is None or up.done:
-            return f.cap
-        front, grows = f.frontier()
-        if f.got < front - _tol(f.nbytes):
-            return f.cap
-        c = 0.0 if f.waiting() else grows
-        return c if f.cap is None else min(c, f.cap)
 
 
 def _tol(nbytes: float) -> float:
