@@ -140,3 +140,26 @@ def test_a_preempted_relay_is_planned_around_and_expires():
     assert set(done) == {1, 2} and not c.errors
     assert c.wid["r0"] not in c.hub.workers  # expired after worker_timeout_s
     assert all(math.isfinite(t) and t > 64 / 10 for t in done.values())
+
+
+# ---------------------------------------------------------------- the CLI
+def test_paper_prints_every_assumption_and_a_ratio_per_baseline(tmp_path):
+    """`python -m rlsync.sim paper` at a small scale (the default scale is a heavy run)."""
+    import json
+    import subprocess
+    import sys
+    from dataclasses import fields
+
+    from rlsync.sim.paper import PaperSetup
+
+    out = tmp_path / "paper.json"
+    p = subprocess.run([sys.executable, "-m", "rlsync.sim", "paper", "--set", "engines=16", "--set", "trainer_gpus=64",
+                        "--json", str(out)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    for f in fields(PaperSetup):
+        assert f.name in p.stdout, f.name
+    res = json.loads(out.read_text())
+    assert set(res["workloads"]) == {"standalone", "elastic", "crossdc"}
+    ratios = res["workloads"]["standalone"]["ratio_vs_rlsync"]
+    assert set(ratios) == {"trainer-only p2p", "NCCL broadcast", "object store"}
+    assert all(r > 0 for r in ratios.values())
