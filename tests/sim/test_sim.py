@@ -96,7 +96,13 @@ def test_trainer_only_pull_takes_n_transfers():
 
 
 def test_the_real_planner_decides(monkeypatch):
-    """Change the planner (always the publisher's copy) and the simulated time becomes trainer-only pull."""
+    """Change the planner (always the publisher's copy) and the simulated time becomes trainer-only pull.
+
+    No fan-out cap, so the hub hands the planner every source in the nearest tier: the real one
+    prefers peers (a chain, one unit per hop), the changed one the trainer (4 transfers)."""
+    planner = PlannerConfig(fanout_cap=1 << 20, max_sources=1)
+    _, t_real = _fanout(4, planner)
+    assert t_real == pytest.approx(64 / 10 + 3 * 1 / 10, rel=1e-6)
     real = Planner.choose_sources
     calls = []
 
@@ -105,7 +111,7 @@ def test_the_real_planner_decides(monkeypatch):
         return real(self, reader, [s for s in sources if s.origin] or sources, unit_sizes, cross_dc_inflight)
 
     monkeypatch.setattr(Planner, "choose_sources", origin_only)
-    _, t = _fanout(4, PlannerConfig(fanout_cap=1, max_sources=1))
+    _, t = _fanout(4, planner)
     assert len(calls) == 4 and t == pytest.approx(4 * 64 / 10, rel=1e-6)
 
 
