@@ -232,6 +232,12 @@ def _rss_kb(pid: int) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
 
 
+def _load_stats(rpc) -> dict:
+    """The hub's own latency figures (what a run logs as hub/plan_ms ...), where the hub reports them."""
+    s = rpc.call("stats")
+    return {k: s[k] for k in ("plan_ms", "plan_ms_p99", "plans_timed", "rpc_per_s", "heartbeat_lag_ms") if k in s}
+
+
 def _serve(tmp: str, port: int) -> tuple[subprocess.Popen, str]:
     hub = subprocess.Popen([sys.executable, "-m", "rlsync.hub", "serve", "--host", "127.0.0.1", "--port", str(port),
                             "--token-file", os.path.join(tmp, "tok"), "--journal", os.path.join(tmp, "j.db"),
@@ -292,12 +298,14 @@ def rpc_throughput(workers: int, clients: int, seconds: float, manifest, budget_
         out["heartbeat_errors"] = sum(r["errors"] for r in rs)
         out["hub_cpu_share"] = cpu / wall
         out["heartbeat_per_hub_cpu_s"] = sum(r["replies"] for r in rs) / max(cpu, 1e-9)
+        out["hub_stats_after_heartbeats"] = _load_stats(rpc)
         rs, wall, cpu = phase("fetch")
         out["fetch_rpc_per_s"] = sum(r["replies"] for r in rs) / wall
         out["rpc_per_s"] = min(out["heartbeat_per_s"], out["fetch_rpc_per_s"])
         out["fetch_plans_per_s"] = sum(r["plans"] for r in rs) / wall
         out["fetch_errors"] = sum(r["errors"] for r in rs)
         out["fetch_hub_cpu_share"] = cpu / wall
+        out["hub_stats_after_fetches"] = _load_stats(rpc)
         rpc.close()
         _stop(hub)  # failover: the same journal and port; the clients' sockets reconnect by themselves
         hub, _ = _serve(tmp, int(address.rsplit(":", 1)[1]))
