@@ -13,6 +13,10 @@ Rules, in order (DESIGN.md §2):
    equal load; units are striped over
    up to `max_sources` of them when the shard is at least `stripe_min_bytes`.
 
+At scale the hub does not offer every holder: `Fetches._nearest_sources` (hub/state_fetches.py) hands
+over only what rules 1-3 let this planner pick (the nearest tier with a source under the cap). A rule
+change here must keep that cut exact; tests/hub/test_scale_equivalence.py compares against the full list.
+
     >>> from rlsync.hub.location import Location
     >>> here = Location(host="a")
     >>> srcs = [Source("trainer", "w0", Location(host="b"), full=True, load=0)]
