@@ -185,6 +185,17 @@ class DeepSpeedBackend(TrainerBackend):
                 self._sync_buffers[n].copy_(p.data.view(p.ds_shape))
         return self._sync_buffers
 
+    def named_partitions_for_sync(self) -> tuple[int, int, dict[str, tuple[torch.Tensor, tuple[int, ...]]]]:
+        """ZeRO-3: (rank, world, name -> (this rank's live flat partition, the full shape)), no gather
+        and no copy: the partitions DeepSpeed keeps (`p.ds_tensor`, ceil(numel / world) elements,
+        the last rank's padded), updated in place by each step. A sharded publish hands these out
+        (rlsync.hub.reshard records how they map onto the full parameters)."""
+        if self.config.zero_stage != 3:
+            raise ValueError(f"named_partitions_for_sync needs ZeRO-3 (zero_stage is {self.config.zero_stage}): "
+                             "stages 0-2 hold full parameters, use named_parameters_for_sync")
+        return self.dist.rank, self.dist.world_size, {
+            n: (p.ds_tensor.data, tuple(p.ds_shape)) for n, p in self._module.named_parameters()}
+
     def save_checkpoint(self, path: str) -> None:
         self._engine.save_checkpoint(path, tag="policy", client_state={"version": self.version})
         if self._critic_engine is not None:

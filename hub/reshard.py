@@ -1,0 +1,197 @@
+"""Resharding: which byte ranges of which source shards fill a reader's tensors (pure logic, no I/O).
+
+A sharded trainer publishes each rank's own partition as a shard of the version, no gather. Under
+ZeRO-3 (DeepSpeed) every parameter is flattened and cut into `world` equal partitions of
+ceil(numel / world) elements; rank r holds elements [r * ps, (r + 1) * ps), the last one padded past
+numel. A rank publishes only the real elements of each partition (a view of its live partition: no
+copy, no padding on the wire); `ShardedLayout` records, per rank and parameter, the full shape,
+the flat start, the length published and the padding left out. Each shard carries its own record
+(`record` / `parse_record`: a small JSON tensor, `LAYOUT_TENSOR`), checksummed like every unit.
+
+A reader asks in its own layout: whole tensors, a row or column block of a named tensor (tensor
+parallelism), or a fused destination that concatenates several such pieces along dim 0
+(vLLM's qkv = concat(q, k, v)). `plan` maps every destination element range to (source rank,
+tensor, offset) runs, so a reader pulls only the shards that hold its ranges and copies the runs.
+
+    >>> lay = zero3_layout({"w": ((4, 3), "float32")}, world=2)   # 12 elements: 6 per rank
+    >>> [(p.start, p.length, p.padding) for r in lay.ranks for p in r]
+    [(0, 6, 0), (6, 6, 0)]
+    >>> [(c.rank, c.src_off, c.dst_off, c.n) for c in plan(lay, [Dest.of(Slice("w", 1, 0, 3))]).copies]
+    [(0, 0, 0, 1), (0, 3, 1, 1), (1, 0, 2, 1), (1, 3, 3, 1)]
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+from .errors import ManifestMismatchError
+
+LAYOUT_TENSOR = "__rlsync_layout__"
+"""Name of the uint8 tensor in each shard that holds its layout record (JSON)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FlatPiece:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    """The full (unsharded) parameter's shape."""
+    start: int
+    """First element of the flattened parameter this piece holds."""
+    length: int
+    """Elements published (the partition without its padding)."""
+    padding: int
+    """Elements of the partition past the parameter's end (held by the rank, never published)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ShardedLayout:
+    kind: str
+    world: int
+    ranks: tuple[tuple[FlatPiece, ...], ...]
+    """Per rank, the pieces it publishes, in publish order."""
+
+    def specs(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        return {p.name: (p.shape, p.dtype) for r in self.ranks for p in r}
+
+
+def zero3_layout(specs: dict[str, tuple[tuple[int, ...], str]], world: int) -> ShardedLayout:
+    """DeepSpeed ZeRO-3's partitioning of `specs` (name -> (full shape, dtype)) over `world` ranks
+    (deepspeed/runtime/zero/partition_parameters.py: _partition_param, _padding_size)."""
+    if world < 1:
+        raise ValueError(f"world must be >= 1, got {world}")
+    ranks: list[list[FlatPiece]] = [[] for _ in range(world)]
+    for name, (shape, dtype) in specs.items():
+        numel = math.prod(shape)
+        ps = -(-numel // world)
+        for r in range(world):
+            start = r * ps
+            length = max(0, min(ps, numel - start))
+            ranks[r].append(FlatPiece(name, dtype, tuple(shape), start, length, ps - length))
+    return ShardedLayout("zero3", world, tuple(tuple(r) for r in ranks))
+
+
+def record(layout: ShardedLayout, rank: int) -> bytes:
+    """Shard `rank`'s layout record: what its tensors are pieces of."""
+    return json.dumps({"kind": layout.kind, "world": layout.world, "rank": rank,
+                       "pieces": [[p.name, p.dtype, list(p.shape), p.start, p.length, p.padding]
+                                  for p in layout.ranks[rank]]}, separators=(",", ":")).encode()
+
+
+def parse_record(data: bytes) -> tuple[str, int, int, tuple[FlatPiece, ...]]:
+    """(kind, world, rank, pieces) from a layout record; ManifestMismatchError if malformed."""
+    try:
+        d = json.loads(bytes(data).decode())
+        pieces = tuple(FlatPiece(str(n), str(dt), tuple(int(x) for x in shp), int(s), int(ln), int(pad))
+                       for n, dt, shp, s, ln, pad in d["pieces"])
+        return str(d["kind"]), int(d["world"]), int(d["rank"]), pieces
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+        raise ManifestMismatchError(f"malformed layout record: {e}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Slice:
+    """A block of a named tensor: `dim` None is the whole tensor; else block `part` of `parts`
+    equal blocks along `dim` (0: rows, 1: columns)."""
+
+    name: str
+    dim: int | None = None
+    part: int = 0
+    parts: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Dest:
+    """A reader's tensor: its slices concatenated along dim 0 (one slice: just that block)."""
+
+    name: str
+    slices: tuple[Slice, ...] = field(default_factory=tuple)
+
+    @classmethod
+    def of(cls, s: Slice, name: str | None = None) -> "Dest":
+        return cls(name or s.name, (s,))
+
+
+@dataclass(frozen=True, slots=True)
+class Copy:
+    """`n` elements from rank `rank`'s piece of `src` at `src_off` to `dst` (flat) at `dst_off`."""
+
+    rank: int
+    src: str
+    src_off: int
+    dst: str
+    dst_off: int
+    n: int
+
+
+@dataclass(slots=True)
+class ReshardPlan:
+    copies: list[Copy]
+    shapes: dict[str, tuple[int, ...]]
+    """Destination name -> shape."""
+    dtypes: dict[str, str]
+
+    def ranks(self) -> list[int]:
+        return sorted({c.rank for c in self.copies})
+
+    def elements_by_rank(self) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for c in self.copies:
+            out[c.rank] = out.get(c.rank, 0) + c.n
+        return out
+
+
+def _slice_runs(shape: tuple[int, ...], s: Slice) -> tuple[tuple[int, ...], list[tuple[int, int]]]:
+    """(block shape, flat [start, end) runs of the full tensor in row-major block order)."""
+    numel = math.prod(shape)
+    if s.dim is None:
+        return shape, [(0, numel)] if numel else []
+    if not 0 <= s.dim < len(shape):
+        raise ValueError(f"{s.name}: dim {s.dim} out of range for shape {shape}")
+    mid = shape[s.dim]
+    if s.parts < 1 or not 0 <= s.part < s.parts or mid % s.parts:
+        raise ValueError(f"{s.name}: cannot cut dim {s.dim} of size {mid} into {s.parts} equal blocks (block {s.part})")
+    outer, inner, b = math.prod(shape[:s.dim]), math.prod(shape[s.dim + 1:]), mid // s.parts
+    a = s.part * b
+    runs = [(o * mid * inner + a * inner, o * mid * inner + (a + b) * inner) for o in range(outer)]
+    return shape[:s.dim] + (b,) + shape[s.dim + 1:], [r for r in runs if r[1] > r[0]]
+
+
+def plan(layout: ShardedLayout, dests: list[Dest]) -> ReshardPlan:
+    """Map every element of `dests` to runs of the layout's source pieces (deterministic order:
+    destination, slice, run, rank). Raises ValueError for unknown tensors, bad blocks or a fused
+    destination whose slices disagree in dtype or trailing shape."""
+    specs = layout.specs()
+    by_name: dict[str, list[tuple[int, FlatPiece]]] = {}
+    for r, pieces in enumerate(layout.ranks):
+        for p in pieces:
+            if p.length:
+                by_name.setdefault(p.name, []).append((r, p))
+    copies: list[Copy] = []
+    shapes: dict[str, tuple[int, ...]] = {}
+    dtypes: dict[str, str] = {}
+    for d in dests:
+        if not d.slices:
+            raise ValueError(f"destination {d.name!r} has no slices")
+        base, rows, tail, dtype, block = 0, 0, None, None, ()
+        for s in d.slices:
+            if s.name not in specs:
+                raise ValueError(f"{d.name}: no tensor {s.name!r} in the published layout")
+            shape, dt = specs[s.name]
+            block, runs = _slice_runs(shape, s)
+            if tail is not None and (block[1:] != tail or dt != dtype):
+                raise ValueError(f"{d.name}: cannot concatenate {s.name} {block} {dt} after {tail} {dtype}")
+            if len(d.slices) > 1 and not block:
+                raise ValueError(f"{d.name}: a 0-d tensor {s.name} cannot be concatenated")
+            tail, dtype = block[1:], dt
+            for lo, hi in runs:
+                for r, p in by_name.get(s.name, ()):
+                    a, b = max(lo, p.start), min(hi, p.start + p.length)
+                    if a < b:
+                        copies.append(Copy(r, s.name, a - p.start, d.name, base + (a - lo), b - a))
+                base += hi - lo
+            rows += block[0] if block else 1
+        shapes[d.name] = block if len(d.slices) == 1 else (rows, *tail)
+        dtypes[d.name] = dtype
+    return ReshardPlan(copies, shapes, dtypes)

@@ -1,0 +1,132 @@
+"""Sharded publish and resharding reads over the hub (the I/O side of rlsync.hub.reshard).
+
+    layout = zero3_layout({name: (shape, dtype), ...}, world=2)
+    publish_shard(hub, "policy", v, layout, rank, {name: live_partition, ...})   # on every rank
+    ReshardReader(hub, "policy", layout).read_whole("latest")                    # whole tensors
+    ReshardReader(hub, "policy", layout).read("latest", [Dest.of(Slice("w", 0, k, 2))])  # TP rank k
+
+A ZeRO-3 rank's shard travels under the shard coordinate `zero_shard(rank, world)` (=
+`Shard(tp=rank, tp_size=world)`), so the hub's transactional commit across shards applies
+unchanged: the version becomes visible once every rank has published. The kind of split is in the
+layout record each shard carries (`LAYOUT_TENSOR`); a reader checks it against the layout it
+expects and refuses a mismatch (ManifestMismatchError).
+
+Whole-tensor reads land each source shard straight in the reader's tensors: the fetch's buffers are
+views of the destination at the piece's flat range, so no byte is staged or copied after the
+transfer, and the reader then serves those shards to other readers of any layout. Slice reads
+(TP blocks, fused qkv) fetch only the shards that hold their ranges, each into one reusable
+scratch set (one shard's worth, not the model), and copy the planned runs out of it.
+Simplifies: a slice read moves the whole of each shard it needs, not only its ranges (the hub's
+fetch is per shard); the runs are copied by torch, not landed strided by the data plane.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .errors import BufferMismatchError, ManifestMismatchError
+from .manifest import dtype_from_name, dtype_name
+from .reshard import LAYOUT_TENSOR, Dest, ShardedLayout, parse_record, plan, record
+from .shard import Shard
+
+
+def zero_shard(rank: int, world: int) -> Shard:
+    return Shard(tp=rank, tp_size=world)
+
+
+def shard_tensors(layout: ShardedLayout, rank: int, live: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """What `rank` publishes: a view of the published part of each live partition (no copy) and its
+    layout record. `live[name]` is the rank's whole partition (length + padding elements)."""
+    out: dict[str, torch.Tensor] = {}
+    for p in layout.ranks[rank]:
+        t = live.get(p.name)
+        if t is None or t.numel() != p.length + p.padding or not t.is_contiguous() or dtype_name(t.dtype) != p.dtype:
+            raise BufferMismatchError(f"rank {rank}: partition of {p.name!r} should be {p.length + p.padding} "
+                                      f"contiguous {p.dtype} elements, got "
+                                      f"{None if t is None else (t.numel(), t.dtype, t.is_contiguous())}")
+        out[p.name] = t.view(-1).narrow(0, 0, p.length)
+    out[LAYOUT_TENSOR] = torch.frombuffer(bytearray(record(layout, rank)), dtype=torch.uint8)
+    return out
+
+
+def publish_shard(hub, model: str, version: int, layout: ShardedLayout, rank: int,
+                  live: dict[str, torch.Tensor]) -> None:
+    hub.publish(model, version, shard_tensors(layout, rank, live), shard=zero_shard(rank, layout.world))
+
+
+@dataclass(slots=True)
+class ReshardResult:
+    version: int
+    tensors: dict[str, torch.Tensor]
+    bytes_by_source: dict[str, int]
+    """Worker id -> bytes it served to this read (over every shard fetched)."""
+    shards_fetched: list[int]
+
+
+class ReshardReader:
+    """One reader of a sharded model, in its own layout. Keeps the buffers it registered with the hub
+    (it serves the shards it fetched until it reads the next version or leaves)."""
+
+    def __init__(self, hub, model: str, layout: ShardedLayout) -> None:
+        self.hub, self.model, self.layout = hub, model, layout
+        self._records = {r: torch.empty(len(record(layout, r)), dtype=torch.uint8) for r in range(layout.world)}
+        self._scratch: dict[str, torch.Tensor] | None = None
+
+    def _fetch(self, rank: int, version, into: dict[str, torch.Tensor], acc: dict[str, int]) -> int:
+        into = {**into, LAYOUT_TENSOR: self._records[rank]}
+        res = self.hub.fetch(self.model, version, into=into, shard=zero_shard(rank, self.layout.world))
+        for w, n in res.bytes_by_source.items():
+            acc[w] = acc.get(w, 0) + n
+        kind, world, r, pieces = parse_record(self._records[rank].numpy().tobytes())
+        if (kind, world, r, pieces) != (self.layout.kind, self.layout.world, rank, self.layout.ranks[rank]):
+            raise ManifestMismatchError(f"{self.model} v{res.version} shard {rank}: published as {kind} over "
+                                        f"{world} ranks with other pieces than this reader's {self.layout.kind} layout")
+        return res.version
+
+    def read_whole(self, version: int | str = "latest", into: dict[str, torch.Tensor] | None = None) -> ReshardResult:
+        """Every full tensor, each shard landing in place in `into` (allocated if None)."""
+        specs = self.layout.specs()
+        if into is None:
+            into = {n: torch.empty(shape, dtype=dtype_from_name(dt)) for n, (shape, dt) in specs.items()}
+        _check(into, {n: s for n, (s, _) in specs.items()}, {n: dt for n, (_, dt) in specs.items()})
+        acc: dict[str, int] = {}
+        for r, pieces in enumerate(self.layout.ranks):
+            views = {p.name: into[p.name].view(-1).narrow(0, p.start, p.length) if p.length
+                     else into[p.name].view(-1)[:0] for p in pieces}
+            version = self._fetch(r, version, views, acc)  # the first resolves "latest"; all pinned to it
+        return ReshardResult(int(version), into, acc, list(range(self.layout.world)))
+
+    def read(self, version: int | str, dests: list[Dest], into: dict[str, torch.Tensor] | None = None) -> ReshardResult:
+        """The destinations (TP blocks, fused concatenations), from only the shards holding them."""
+        p = plan(self.layout, dests)
+        if into is None:
+            into = {n: torch.empty(s, dtype=dtype_from_name(p.dtypes[n])) for n, s in p.shapes.items()}
+        _check(into, p.shapes, p.dtypes)
+        if self._scratch is None:  # one shard's worth, reused: fetching the next shard releases the last
+            longest: dict[str, int] = {}
+            for pieces in self.layout.ranks:
+                for q in pieces:
+                    longest[q.name] = max(longest.get(q.name, 0), q.length)
+            self._scratch = {n: torch.empty(k, dtype=dtype_from_name(self.layout.specs()[n][1]))
+                             for n, k in longest.items()}
+        acc: dict[str, int] = {}
+        ranks = p.ranks()
+        for r in ranks:
+            views = {q.name: self._scratch[q.name][:q.length] for q in self.layout.ranks[r]}
+            version = self._fetch(r, version, views, acc)
+            for c in p.copies:
+                if c.rank == r:
+                    into[c.dst].view(-1)[c.dst_off:c.dst_off + c.n].copy_(views[c.src][c.src_off:c.src_off + c.n])
+        if not ranks:
+            raise ValueError("nothing to read: every destination is empty")
+        return ReshardResult(int(version), into, acc, ranks)
+
+
+def _check(into: dict[str, torch.Tensor], shapes: dict[str, tuple[int, ...]], dtypes: dict[str, str]) -> None:
+    if set(into) != set(shapes):
+        raise BufferMismatchError(f"into has {sorted(into)[:5]}, the layout needs {sorted(shapes)[:5]}")
+    for n, t in into.items():
+        if tuple(t.shape) != tuple(shapes[n]) or dtype_name(t.dtype) != dtypes[n] or not t.is_contiguous():
+            raise BufferMismatchError(f"into[{n!r}] is {tuple(t.shape)} {t.dtype}; needs contiguous "
+                                      f"{tuple(shapes[n])} {dtypes[n]}")
