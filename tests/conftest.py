@@ -71,9 +71,10 @@ def _ray_auth_token():
 
 def _deepspeed_shm_op():
     """DeepSpeed compiles its CPU shared-memory op on first use (~65 s idle, minutes under load) into
-    TORCH_EXTENSIONS_DIR (scripts/run sets it). Built inside a test, the compile runs under that test's
-    timeout beside the other worker's test; killed midway, it leaves a lock that makes every later
-    DeepSpeed start on the machine fail. So a machine without it builds it here, once, before any test."""
+    TORCH_EXTENSIONS_DIR (scripts/run sets it: one per venv, as the build embeds the venv's paths).
+    Built inside a test, the compile runs under that test's timeout beside the other worker's test;
+    killed midway, it leaves a lock that makes every later DeepSpeed start with that directory hang.
+    So a venv without it builds it here, once, before any test."""
     ext = os.environ.get("TORCH_EXTENSIONS_DIR")
     if not ext or os.path.exists(os.path.join(ext, "deepspeed_shm_comm", "deepspeed_shm_comm.so")):
         return

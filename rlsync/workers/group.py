@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from typing import Any, Callable
 
 import ray
@@ -22,9 +23,10 @@ from rlsync.hub.logs import quiet_console, setup_logging
 log = logging.getLogger(__name__)
 
 WORKER_ENV = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1",
-              # DeepSpeed's compiled op is cached here (scripts/run's default too): never rebuild it per run.
+              # DeepSpeed's compiled op is cached here, one directory per venv (scripts/run's default too):
+              # never rebuilt per run, nor by another checkout's venv.
               "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR",
-                                                     os.path.expanduser("~/.cache/torch_extensions"))}
+                                                     os.path.join(sys.prefix, "torch_extensions"))}
 
 
 
