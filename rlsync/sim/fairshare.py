@@ -37,12 +37,39 @@ def max_min_rates(flows: Mapping[Hashable, tuple[Iterable[Hashable], float | Non
             raise ValueError(f"flow {f!r} crosses no link and has no cap: its rate would be infinite")
         links_of[f] = ls
         cap[f] = math.inf if c is None else max(0.0, float(c))
-    rate = {f: 0.0 for f in flows}
-    left = {link: float(capacity[link]) for link in users}
-    count = {link: len(fs) for link, fs in users.items()}
-    active = set(flows)
-    # Flows capped at zero never move.
-    for f in [f for f in active if cap[f] <= EPS]:
+    rate: dict = {}
+    # Flows that share no link with another are independent problems: solve each connected group
+    # of flows alone (a relay chain is mostly such groups of one), so cost follows group sizes.
+    seen: set = set()
+    for f0 in flows:
+        if f0 in seen:
+            continue
+        group, stack = [], [f0]
+        seen.add(f0)
+        while stack:
+            f = stack.pop()
+            group.append(f)
+            for link in links_of[f]:
+                for g in users[link]:
+                    if g not in seen:
+                        seen.add(g)
+                        stack.append(g)
+        if len(group) == 1:
+            f = group[0]
+            rate[f] = min([cap[f]] + [float(capacity[link]) for link in links_of[f]])
+        else:
+            rate.update(_fill(group, links_of, cap, users, capacity))
+    return rate
+
+
+def _fill(group: list, links_of: dict, cap: dict, users: dict, capacity: Mapping) -> dict:
+    """Progressive filling of one connected group of flows."""
+    rate = {f: 0.0 for f in group}
+    glinks = {link for f in group for link in links_of[f]}
+    left = {link: float(capacity[link]) for link in glinks}
+    count = {link: len(users[link]) for link in glinks}
+    active = set(group)
+    for f in [f for f in active if cap[f] <= EPS]:  # flows capped at zero never move
         _freeze(f, active, links_of, count)
     while active:
         step = math.inf
