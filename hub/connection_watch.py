@@ -35,10 +35,18 @@ def monitor(sock: zmq.Socket, events: int) -> zmq.Socket:
     send never blocks). Read it while the events matter; `unmonitor` as soon as they do not."""
     addr = f"inproc://rlsync-monitor-{os.getpid()}-{next(_monitor_ids)}"  # never reused: no bind race
     sock.monitor(addr, events)
-    mon = sock.context.socket(zmq.PAIR)
-    mon.setsockopt(zmq.LINGER, 0)
-    mon.setsockopt(zmq.RCVHWM, 0)  # set before connect: an inproc queue is unbounded when either end is 0
-    mon.connect(addr)
+    try:
+        mon = sock.context.socket(zmq.PAIR)
+    except zmq.ZMQError:
+        sock.monitor(None, 0)  # a monitor with no reader would block the I/O thread at its first event
+        raise
+    try:
+        mon.setsockopt(zmq.LINGER, 0)
+        mon.setsockopt(zmq.RCVHWM, 0)  # set before connect: an inproc queue is unbounded when either end is 0
+        mon.connect(addr)
+    except zmq.ZMQError:
+        unmonitor(sock, mon)
+        raise
     return mon
 
 
