@@ -57,10 +57,15 @@ class DeltaConfig:
     tier_gbps: tuple[float, float, float, float] = (80.0, 25.0, 10.0, 1.0)
     """Assumed link rate (Gbit/s) from a source at each distance tier: same host, rack, DC, another DC.
     Only their ratios matter to the choice; set them to the deployment's."""
-    decode_gbytes_s: float = 1.0
-    """Delta decode rate per byte of the full version (measured ~1 GB/s here: docs/deltas.md)."""
+    decode_gbytes_s: float = 0.3
+    """Delta decode rate per byte of the full version (0.3 GB/s measured on SmolLM2-135M at load ~3 on
+    this 2-core machine, one thread: docs/deltas.md)."""
     max_chain: int = 8
     """Longest chain of deltas a reader is offered; a reader further behind fetches in full."""
+    retain_chain: int = 4
+    """The newest this-many deltas of a model stay retained: a seed worker following `latest` keeps
+    them, and the last copy of one is offload-seeded rather than dropped, so a late joiner up to this
+    many versions behind finds a chain."""
     mode: str = "auto"
     """'auto': choose by the estimate; 'always': a chain whenever one exists (tests, and measuring the
     delta path on updates where it does not pay); 'never': always full."""
@@ -68,8 +73,10 @@ class DeltaConfig:
     def __post_init__(self) -> None:
         if self.mode not in ("auto", "always", "never"):
             raise ValueError(f"DeltaConfig.mode must be auto, always or never, got {self.mode!r}")
-        if len(self.tier_gbps) != 4 or min(self.tier_gbps) <= 0 or self.decode_gbytes_s <= 0 or self.max_chain < 1:
-            raise ValueError("DeltaConfig: four positive tier rates, a positive decode rate, max_chain >= 1")
+        if len(self.tier_gbps) != 4 or min(self.tier_gbps) <= 0 or self.decode_gbytes_s <= 0 or self.max_chain < 1 \
+                or self.retain_chain < 1:
+            raise ValueError("DeltaConfig: four positive tier rates, a positive decode rate, max_chain and "
+                             "retain_chain >= 1")
 
 
 def choose(cfg: DeltaConfig, *, full_bytes: int, full_tier: int | None, chain: list[tuple[int, int]],

@@ -9,6 +9,7 @@ import logging
 
 from . import errors as E
 from . import retention
+from .delta_plan import is_delta_model
 from .location import Location
 from .state_records import ModelRec, ReplicaRec, WorkerRec
 
@@ -91,7 +92,10 @@ class Workers:
         m = self.models.get(model)
         if m is None:
             return False
-        return retention.is_retained(version, m.committed, self.cfg.retention.retain_last,
+        keep = self.cfg.retention.retain_last
+        if is_delta_model(model):  # a reader a few versions behind needs the chain (docs/deltas.md)
+            keep = max(keep, self.cfg.delta.retain_chain)
+        return retention.is_retained(version, m.committed, keep,
                                      pinned=(p.version for p in m.pins.values()),
                                      fetching=self._index.fetch_versions.get(model, ()))
 

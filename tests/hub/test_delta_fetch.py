@@ -16,6 +16,7 @@ from rlsync.hub.delta_plan import DeltaConfig, delta_model, tensor_name
 from rlsync.hub.manifest import byte_view
 from rlsync.hub.procs import WorkerProcess, close_all
 from rlsync.hub.server import start_embedded_hub
+from rlsync.hub.shard import Shard
 from rlsync.hub.state import HubConfig
 
 from test_delta import model, real_like_step  # tests/hub is on sys.path (pytest's rootdir-less import)
@@ -98,6 +99,7 @@ def test_delta_fetch_is_bit_exact_against_a_full_fetch(cluster, update):
     assert ("policy", v) in held and ("policy", v - 1) not in held  # v replaced v-1 in the same buffers
 
 
+@pytest.mark.parametrize("cluster", ["always"], indirect=True)  # auto: decoding twice costs more than this tiny model
 def test_reader_missing_two_versions_takes_the_chain(cluster):
     hub, make = cluster
     tr = Trainer(make(dc="dc0", host="t"))
@@ -214,3 +216,26 @@ def _try(fn):
         return fn()
     except BaseException as e:  # noqa: BLE001 - checked by the test
         return e
+
+
+@pytest.mark.parametrize("cluster", ["always"], indirect=True)  # auto: the seed's full v3, same DC, is cheaper
+def test_a_following_seed_worker_holds_the_chain_for_a_late_reader(cluster, wait_until):
+    hub, make = cluster
+    tr = Trainer(make(dc="dc0", host="t"))
+    seed = HubClient(hub.address, hub.token, config=CFG)
+    seed.join(Location(dc="dc1", host="s"), "seed", role="seed", follow=True)
+    late = make(dc="dc1", host="late")
+    try:
+        tr.step()
+        buf = late.fetch("policy").tensors           # the late reader holds v1, then misses v2 and v3
+        for _ in range(2):
+            v = tr.step()
+            wait_until(lambda: ("policy@delta", v) in {(x.model, x.version) for x in seed.held_ids()},
+                       what=f"the seed worker following delta v{v}")
+        tr.c._drop_old_deltas("policy", Shard(), v + 1, keep=1)  # the publisher lets its deltas go
+        assert not [x for x in tr.c.held_ids() if x.model == "policy@delta"]
+        got = late.fetch_delta("policy", into=buf)
+        assert got.mode == "delta" and got.version == v and same(buf, tr.snap[v])
+        assert set(got.bytes_by_source) == {seed.worker_id}  # the chain v2, v3 came from the seed
+    finally:
+        seed.leave()
