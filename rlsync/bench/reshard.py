@@ -171,13 +171,13 @@ def run(hidden: int, layers: int, reps: int, readers: int, command: str = "") ->
     hub = start_embedded_hub()
     load0 = os.getloadavg()
     ranks = Ranks(hub.address, hub.token, model_kw)
-    clients, client_names = [], []
+    clients, names = [], {}
 
     def client(name: str):
         c = HubClient(hub.address, hub.token)
         c.join(Location(host="h0"), name)
         clients.append(c)
-        client_names.append(f"reader {name}")
+        names[c.worker_id] = f"reader {name}"
         return c
 
     try:
@@ -206,8 +206,7 @@ def run(hidden: int, layers: int, reps: int, readers: int, command: str = "") ->
             c.leave()
         ranks.close()
         hub.stop()
-    names = {w: f"trainer rank {r}" for r, w in enumerate(ranks.worker_ids)}
-    names.update({c.worker_id: n for c, n in zip(clients, client_names)})
+    names.update({w: f"trainer rank {r}" for r, w in enumerate(ranks.worker_ids)})
     for row in per_reader:
         row["bytes_by_source"] = {names.get(w, w): n for w, n in row["bytes_by_source"].items()}
     ms, mg = statistics.median(sharded), statistics.median(gathered)
