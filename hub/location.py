@@ -9,7 +9,7 @@ Distance orders the planner's preference (DESIGN.md §2): same host < same rack 
 from __future__ import annotations
 
 import socket
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 SAME_HOST, SAME_RACK, SAME_DC, CROSS_DC = 0, 1, 2, 3
 TIER_NAMES = {SAME_HOST: "host", SAME_RACK: "rack", SAME_DC: "dc", CROSS_DC: "cross-dc"}
@@ -40,7 +40,8 @@ class Location:
         return SAME_HOST
 
     def to_wire(self) -> dict:
-        return asdict(self)
+        # asdict() deep-copies field by field: 55 us, in every source of every plan reply
+        return {"dc": self.dc, "rack": self.rack, "host": self.host, "device": self.device}
 
     @classmethod
     def from_wire(cls, d: dict) -> "Location":
