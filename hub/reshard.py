@@ -17,7 +17,9 @@ tensor, offset) runs, so a reader pulls only the shards that hold its ranges and
     >>> [(p.start, p.length, p.padding) for r in lay.ranks for p in r]
     [(0, 6, 0), (6, 6, 0)]
     >>> [(c.rank, c.src_off, c.dst_off, c.n) for c in plan(lay, [Dest.of(Slice("w", 1, 0, 3))]).copies]
-    [(0, 0, 0, 1), (0, 3, 1, 1), (1, 0, 2, 1), (1, 3, 3, 1)]
+    [(0, 0, 0, 1), (1, 0, 2, 1)]
+    >>> [r for c in plan(lay, [Dest.of(Slice("w", 1, 0, 3))]).copies for r in c.runs()]   # column 0
+    [(0, 0, 1), (3, 1, 1), (0, 2, 1), (3, 3, 1)]
 """
 from __future__ import annotations
 
@@ -115,7 +117,9 @@ class Dest:
 
 @dataclass(frozen=True, slots=True)
 class Copy:
-    """`n` elements from rank `rank`'s piece of `src` at `src_off` to `dst` (flat) at `dst_off`."""
+    """`count` runs of `n` elements from rank `rank`'s piece of `src` (flat) at `src_off`, each next
+    run `src_stride` further, to `dst` (flat) at `dst_off`, each next `dst_stride` further: a column
+    block is one strided copy per source piece, not one per row."""
 
     rank: int
     src: str
@@ -123,6 +127,34 @@ class Copy:
     dst: str
     dst_off: int
     n: int
+    count: int = 1
+    src_stride: int = 0
+    dst_stride: int = 0
+
+    def runs(self):
+        """(src_off, dst_off, n) of each contiguous run."""
+        return [(self.src_off + i * self.src_stride, self.dst_off + i * self.dst_stride, self.n)
+                for i in range(self.count)]
+
+
+def _merge(copies: list[Copy]) -> list[Copy]:
+    """Fold consecutive single runs of one (rank, src, dst) with equal length and constant strides."""
+    out: list[Copy] = []
+    for c in copies:
+        if out:
+            last = out[-1]
+            same = (last.rank, last.src, last.dst, last.n) == (c.rank, c.src, c.dst, c.n)
+            if same and last.count == 1 and c.src_off > last.src_off and c.dst_off > last.dst_off:
+                out[-1] = Copy(c.rank, c.src, last.src_off, c.dst, last.dst_off, c.n, 2,
+                               c.src_off - last.src_off, c.dst_off - last.dst_off)
+                continue
+            if same and (c.src_off - last.src_off, c.dst_off - last.dst_off) == \
+                    (last.count * last.src_stride, last.count * last.dst_stride):
+                out[-1] = Copy(c.rank, c.src, last.src_off, c.dst, last.dst_off, c.n, last.count + 1,
+                               last.src_stride, last.dst_stride)
+                continue
+        out.append(c)
+    return out
 
 
 @dataclass(slots=True)
@@ -138,7 +170,7 @@ class ReshardPlan:
     def elements_by_rank(self) -> dict[int, int]:
         out: dict[int, int] = {}
         for c in self.copies:
-            out[c.rank] = out.get(c.rank, 0) + c.n
+            out[c.rank] = out.get(c.rank, 0) + c.n * c.count
         return out
 
 
@@ -194,4 +226,4 @@ def plan(layout: ShardedLayout, dests: list[Dest]) -> ReshardPlan:
             rows += block[0] if block else 1
         shapes[d.name] = block if len(d.slices) == 1 else (rows, *tail)
         dtypes[d.name] = dtype
-    return ReshardPlan(copies, shapes, dtypes)
+    return ReshardPlan(_merge(copies), shapes, dtypes)

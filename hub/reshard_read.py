@@ -117,10 +117,19 @@ class ReshardReader:
             version = self._fetch(r, version, views, acc)
             for c in p.copies:
                 if c.rank == r:
-                    into[c.dst].view(-1)[c.dst_off:c.dst_off + c.n].copy_(views[c.src][c.src_off:c.src_off + c.n])
+                    _copy(c, views[c.src], into[c.dst].view(-1))
         if not ranks:
             raise ValueError("nothing to read: every destination is empty")
         return ReshardResult(int(version), into, acc, ranks)
+
+
+def _copy(c, src: torch.Tensor, dst: torch.Tensor) -> None:
+    """One planned copy: `count` runs as a single strided copy (a column block of a piece)."""
+    if c.count == 1:
+        dst[c.dst_off:c.dst_off + c.n].copy_(src[c.src_off:c.src_off + c.n])
+        return
+    dst.as_strided((c.count, c.n), (c.dst_stride, 1), c.dst_off).copy_(
+        src.as_strided((c.count, c.n), (c.src_stride, 1), c.src_off))
 
 
 def _check(into: dict[str, torch.Tensor], shapes: dict[str, tuple[int, ...]], dtypes: dict[str, str]) -> None:

@@ -58,10 +58,12 @@ def test_plan_covers_every_destination_element_once():
     p = plan(lay, dests)
     assert p.shapes == {"q": (4, 6), "o": (6, 4), "qkv": (8, 6), "odd": (7,), "one": (1,)}
     for d, shape in p.shapes.items():
-        cover = sorted((c.dst_off, c.dst_off + c.n) for c in p.copies if c.dst == d)
+        cover = sorted((o, o + n) for c in p.copies if c.dst == d for _, o, n in c.runs())
         assert cover[0][0] == 0 and cover[-1][1] == torch.Size(shape).numel()
         assert all(a[1] == b[0] for a, b in zip(cover, cover[1:])), d  # no gap, no overlap
     assert {c.rank for c in p.copies if c.dst == "q"} == {1}  # rows 4-7 of q live on rank 1 only
+    o = [c for c in p.copies if c.dst == "o"]  # column block 0 of a (6, 8): one strided copy per rank
+    assert [(c.rank, c.count, c.n, c.src_stride, c.dst_stride) for c in o] == [(0, 3, 4, 8, 4), (1, 3, 4, 8, 4)]
     with pytest.raises(ValueError, match="equal blocks"):
         plan(lay, [Dest.of(Slice("odd", 0, 0, 2))])
     with pytest.raises(ValueError, match="no tensor"):
