@@ -15,7 +15,8 @@ Whole-tensor reads land each source shard straight in the reader's tensors: the 
 views of the destination at the piece's flat range, so no byte is staged or copied after the
 transfer, and the reader then serves those shards to other readers of any layout. Slice reads
 (TP blocks, fused qkv) fetch only the shards that hold their ranges, each into one reusable
-scratch set (one shard's worth, not the model), and copy the planned runs out of it.
+scratch set (one shard's worth, not the model), and copy the planned runs out of it (one strided
+copy per column block of a piece).
 Simplifies: a slice read moves the whole of each shard it needs, not only its ranges (the hub's
 fetch is per shard); the runs are copied by torch, not landed strided by the data plane.
 """
