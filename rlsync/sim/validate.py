@@ -2,7 +2,7 @@
 
 "Measured" is the --json output of real runs of `python -m rlsync.bench fanout|elastic|standalone|
 crossdc` (netns hosts, tc-shaped links, real hub and data plane), bundled into one fixture file
-with the command, commit, date and load of each run (`MEASURED`, made by `bundle`), or re-measured
+with the command, commit, date and load of each run (`MEASURED_DIR`, made by `bundle`), or re-measured
 with `--measure` (needs root; heavy: run it under /work/tools/heavy). The simulator replays each
 run's own configuration (model size, NIC and DC rates, transfer unit, planner knobs); the one
 figure it takes from the run is the link check (one TCP flow's goodput on a shaped link), which sets
@@ -23,10 +23,11 @@ from pathlib import Path
 
 from . import scenarios as S
 
-MEASURED = Path(__file__).with_name("measured") / "bench-2026-11-23.json"
+MEASURED_DIR = Path(__file__).with_name("measured")
+"""Dated bundles `bench-DATE[-how].json`; the newest is the default."""
 SCENARIOS = ("fanout", "elastic", "standalone", "crossdc")
 COMMANDS = {
-    "fanout": ["fanout", "--reps", "3", "--skip", "ray object store"],
+    "fanout": ["fanout", "--skip", "ray object store"],
     "elastic": ["elastic"],
     "standalone": ["standalone"],
     "crossdc": ["crossdc"],
@@ -132,7 +133,8 @@ def load_bundle(path: Path | None, do_measure: bool) -> dict:
     if do_measure:
         with tempfile.TemporaryDirectory() as d:
             return measure(Path(d))
-    path = path or MEASURED
+    stored = sorted(MEASURED_DIR.glob("bench-*.json"))
+    path = path or (stored[-1] if stored else MEASURED_DIR / "bench-*.json")
     if not path.exists():
         raise SystemExit(f"validate: no measured fixture at {path}; pass --measured FILE or --measure")
     return json.loads(path.read_text())
@@ -152,4 +154,6 @@ def print_table(res: dict) -> None:
     c.print(t)
     src = res["measured_from"]
     c.print(f"measured: {src.get('date')} at commit {str(src.get('commit'))[:10]}; commands and load in the fixture")
+    if src.get("note"):
+        c.print(src["note"])
     c.print(f"max_rel_error (rlsync rows): {res['max_rel_error']:.3f}   baselines: {res['baseline_max_rel_error']:.3f}")

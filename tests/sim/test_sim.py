@@ -169,3 +169,19 @@ def test_paper_prints_every_assumption_and_a_ratio_per_baseline(tmp_path):
     ratios = res["workloads"]["standalone"]["ratio_vs_rlsync"]
     assert set(ratios) == {"trainer-only p2p", "NCCL broadcast", "object store"}
     assert all(r > 0 for r in ratios.values())
+
+
+def test_validate_compares_every_scenario_of_the_stored_measurement(tmp_path):
+    """`python -m rlsync.sim validate --json F`: a row per scenario, F carries max_rel_error."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "v.json"
+    p = subprocess.run([sys.executable, "-m", "rlsync.sim", "validate", "--json", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    res = json.loads(out.read_text())
+    assert p.returncode == (0 if res["within_10pct"] else 1), p.stderr[-2000:]
+    assert {r["scenario"] for r in res["rows"] if r["counted"]} == {"fanout", "elastic", "standalone", "crossdc"}
+    assert res["max_rel_error"] == max(r["rel_error"] for r in res["rows"] if r["counted"])
+    assert res["measured_from"]["commands"] and res["measured_from"]["commit"]
