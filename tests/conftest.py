@@ -74,10 +74,21 @@ def _deepspeed_shm_op():
     TORCH_EXTENSIONS_DIR (scripts/run sets it: one per venv, as the build embeds the venv's paths).
     Built inside a test, the compile runs under that test's timeout beside the other worker's test;
     killed midway, it leaves a lock that makes every later DeepSpeed start with that directory hang.
-    So a venv without it builds it here, once, before any test."""
+    So a venv without it starts the build here, before any test, in its own session (a Ctrl-C of the
+    run does not cut it short), and tests start once it holds the build lock: a test reaching DeepSpeed
+    before the build ends waits on that lock (torch's), while the other tests run meanwhile."""
     ext = os.environ.get("TORCH_EXTENSIONS_DIR")
     if not ext or os.path.exists(os.path.join(ext, "deepspeed_shm_comm", "deepspeed_shm_comm.so")):
         return
-    from deepspeed.comm.torch import build_shm_op
+    import subprocess
+    import sys
+    import time
 
-    build_shm_op()
+    lock = os.path.join(ext, "deepspeed_shm_comm", "lock")
+    os.makedirs(ext, exist_ok=True)
+    with open(os.path.join(ext, "deepspeed_shm_comm.build.log"), "w") as out:
+        proc = subprocess.Popen([sys.executable, "-c", "from deepspeed.comm.torch import build_shm_op; build_shm_op()"],
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    end = time.monotonic() + 300
+    while proc.poll() is None and not os.path.exists(lock) and time.monotonic() < end:
+        time.sleep(0.1)  # polling for the lock the build takes once DeepSpeed is imported (~5-10 s)
