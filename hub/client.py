@@ -66,6 +66,8 @@ class HubClient(Session, Publishing, Fetching, DeltaSync):
         self._rpc = RpcChannel(address, token, self.cfg.rpc_timeout_s, self.cfg.hub_deadline_s)
         self.store = ReplicaStore()
         self._held: dict[str, tuple[str, int, Shard, str]] = {}
+        self._published: set[str] = set()
+        """Live replicas this worker published (their re-registration after a hub restart says origin)."""
         self._data: DataServer | None = None
         self.worker_id: str | None = None
         self.location: Location | None = None

@@ -59,12 +59,13 @@ class Publishing:
             self.store.remove(rid)
             raise
         self._held[rid] = (model, version, shard, "live")
+        self._published.add(rid)
         return committed
 
     def _already_committed(self, model, version, shard, manifest) -> bool | None:
         try:
             self._call("register", wid=self.worker_id, model=model, version=version, shard=shard.to_wire(),
-                           slot="live", manifest=manifest.to_wire())
+                           slot="live", manifest=manifest.to_wire(), origin=True)
             return True
         except E.HubError:
             return None
@@ -132,6 +133,7 @@ class Publishing:
             self._offload_seed(rid)
         rep = self.store.remove(rid)
         self._held.pop(rid, None)
+        self._published.discard(rid)
         if rep is not None and not rep.wait_drained(self.cfg.dataplane.io_timeout_s):
             log.warning("release of %s: a local read did not finish within %.0fs", rid,
                         self.cfg.dataplane.io_timeout_s)
@@ -145,7 +147,7 @@ class Publishing:
             return False
         try:
             self._call("register", wid=self.worker_id, model=model, version=version, shard=shard.to_wire(),
-                       slot=slot, manifest=rep.manifest.to_wire())
+                       slot=slot, manifest=rep.manifest.to_wire(), origin=rid in self._published)
             return True
         except E.HubError:
             return False

@@ -82,6 +82,7 @@ class Session:
             rep.fail("worker left")
             self.store.remove(rep.id)
         self._held.clear()
+        self._published.clear()
         if self._data is not None:
             self._data.close()
         self._data, self.worker_id = None, None
@@ -179,7 +180,7 @@ class Session:
                     continue
                 try:
                     rpc.call("register", wid=self.worker_id, model=model, version=version, shard=shard.to_wire(),
-                             slot=slot, manifest=rep.manifest.to_wire())
+                             slot=slot, manifest=rep.manifest.to_wire(), origin=rid in self._published)
                     kept += 1
                 except E.HubError as e:  # e.g. a version the new hub never saw committed
                     log.warning("re-register of %s refused: %s; dropping it", rid, e)

@@ -12,6 +12,8 @@ Rules, in order (DESIGN.md §2):
    reads from rollouts whenever one holds the version), then least loaded, full before relay at
    equal load; units are striped over
    up to `max_sources` of them when the shard is at least `stripe_min_bytes`.
+5. A backup (an offload seed: a host copy kept so that one kill cannot lose the version) serves only
+   when no full live replica in the tier can: it is never striped in beside one.
 
 At scale the hub does not offer every holder: `Fetches._nearest_sources` (hub/state_fetches.py) hands
 over only what rules 1-3 let this planner pick (the nearest tier with a source under the cap). A rule
@@ -57,6 +59,8 @@ class Source:
     """Fetches currently reading from this worker (its uplink), across all its replicas."""
     origin: bool = False
     """The publisher's own copy (live or its offload seed): its uplink is the one a trainer stalls on."""
+    backup: bool = False
+    """An offload seed (rule 5): read only when no full live replica in the reader's tier can serve."""
 
 
 class Planner:
@@ -90,8 +94,10 @@ class Planner:
         else:
             pool = in_dc if (in_dc and cross_dc_inflight >= self.cfg.cross_dc_streams) else sources
         best_tier = min(reader.distance(s.location) for s in pool)
-        tier = sorted((s for s in pool if reader.distance(s.location) == best_tier),
-                      key=lambda s: (s.origin, s.load, not s.full, s.replica_id))
+        tier = [s for s in pool if reader.distance(s.location) == best_tier]
+        if any(s.full and not s.backup for s in tier):
+            tier = [s for s in tier if not s.backup]
+        tier.sort(key=lambda s: (s.origin, s.load, not s.full, s.replica_id))
         # One source per worker: two replicas on the same worker share its uplink.
         chosen, seen = [], set()
         for s in tier:

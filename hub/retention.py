@@ -5,12 +5,15 @@ committed versions of its model, or an in-progress fetch or a reader group is pi
 hub's state (hub/state_releases.py, state_versions.py) gathers a snapshot of one replica or model
 and applies what these functions return; they never read or change the hub's tables.
 
-- `decide_release(cfg, view)`: one evaluation of a release of one replica. The last full replica
-  of a retained shard never just goes: it WAITs for a relay (a reader mid-fetch becomes a full
+- `decide_release(cfg, view)`: one evaluation of a release of one replica. The origin's copy (the
+  publisher's) counts as "the last" until `min_full_copies` (default 2) other full copies exist (or
+  it keeps an offload seed), so one `kill -9` of a reader cannot lose a retained version. The last
+  full replica of a retained shard never just goes: it WAITs for a relay (a reader mid-fetch becomes a full
   replica), or, when its holder is leaving with notice, HANDs OFF to a seed worker, or asks its
   holder to SEED (copy to host memory and register that copy) first. A replica still being read
   WAITs for its readers to drain. An offload seed that is the last copy is REFUSEd.
-- `is_retained`, `drop_seed`: which versions stay fetchable, which seeds may be dropped.
+- `is_retained`, `drop_seed`: which versions stay fetchable, which seeds may be dropped (an offload
+  seed also once `min_full_copies` live copies exist: it was kept only until then).
 - `choose_seed_worker`: who takes a hand-off (the nearest seed worker not holding it already).
 - `forget_below`, `forgettable`: committed versions whose manifests the hub may forget (KEEP_OLD).
 
@@ -36,6 +39,15 @@ class RetentionConfig:
     """How many of a model's newest committed versions stay retained (fetchable by number)."""
     prefer_seed: bool = False
     """Seed at once even when a relay is in progress (faster release, costs a host copy)."""
+    min_full_copies: int = 2
+    """The origin's copy of a retained version (its publisher's) is released only when at least this
+    many OTHER live full copies exist, or the origin keeps an offload seed of it; otherwise the release
+    waits for a relay, or seeds (prefer_seed, or no relay), as for the last copy. A worker leaving with
+    notice cannot stay: it hands off its last copy (one other copy suffices), as before. 2: one
+    `kill -9` of a reader never loses a retained version (with 1, the trainer let go once one reader
+    held it, and that reader's death lost it: docs/benchmarks.md). Must be an int >= 1. The seed it
+    keeps is a backup: read only when no full live copy can serve (planner rule 5), and dropped once
+    this many full live copies exist beside it (`drop_seed`)."""
 
 
 KEEP_OLD = 64
@@ -84,6 +96,10 @@ class ReleaseView:
     """The live seed worker already asked to take it ('' if none, or if that one is gone)."""
     seed_candidate: str = ""
     """The seed worker that would take it now (`choose_seed_worker`); '' if none."""
+    origin: bool = False
+    """It is the publisher's copy: `min_full_copies` other full copies are needed before it goes."""
+    own_seed: bool = False
+    """Its holder keeps a full offload seed of the same shard (the origin's copy stays, in host memory)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +117,8 @@ class RetentionPolicy:
     def __init__(self, cfg: RetentionConfig) -> None:
         if cfg.retain_last < 1:
             raise ValueError("retain_last must be >= 1: the latest version is always retained")
+        if type(cfg.min_full_copies) is not int or cfg.min_full_copies < 1:
+            raise ValueError(f"min_full_copies must be an int >= 1, got {cfg.min_full_copies!r}")
         self.cfg = cfg
 
     def decide(self, *, retained: bool, other_full: int, relays: int) -> Decision:
@@ -112,7 +130,10 @@ class RetentionPolicy:
 
 def decide_release(cfg: RetentionConfig, v: ReleaseView) -> ReleaseDecision:
     """One evaluation of a release (see the module docstring); the hub re-evaluates WAIT and HANDOFF."""
-    d = _last_copy(cfg, v.retained, v.other_full, v.relays)
+    # The origin's copy needs min_full_copies others, unless its holder keeps a host copy. A worker
+    # leaving cannot stay: its last copy goes to a relay or seed worker (one other copy) as before.
+    need = cfg.min_full_copies if v.origin and not v.own_seed and not v.leaving else 1
+    d = _last_copy(cfg, v.retained, v.other_full, v.relays, need)
     if d is Decision.SEED and v.leaving:
         target = v.handoff_target or v.seed_candidate
         if target:
@@ -124,8 +145,9 @@ def decide_release(cfg: RetentionConfig, v: ReleaseView) -> ReleaseDecision:
     return ReleaseDecision(Action.RELEASE)
 
 
-def _last_copy(cfg: RetentionConfig, retained: bool, other_full: int, relays: int) -> Decision:
-    if not retained or other_full > 0:
+def _last_copy(cfg: RetentionConfig, retained: bool, other_full: int, relays: int, need: int = 1) -> Decision:
+    """`need`: other full copies that must exist for it to go (1, or `min_full_copies` for an origin's)."""
+    if not retained or other_full >= need:
         return Decision.RELEASE
     if relays > 0 and not cfg.prefer_seed:
         return Decision.WAIT_RELAY
@@ -139,9 +161,13 @@ def is_retained(version: int, committed: list[int], retain_last: int, pinned: It
     return version in committed[-retain_last:] or version in set(pinned) or version in set(fetching)
 
 
-def drop_seed(*, retained: bool, inflight: int, releasing: bool) -> bool:
-    """A seed (an offload copy, or any replica of a seed worker) goes once nobody needs or reads it."""
-    return not retained and inflight == 0 and not releasing
+def drop_seed(*, retained: bool, inflight: int, releasing: bool, redundant: bool = False) -> bool:
+    """A seed (an offload copy, or any replica of a seed worker) goes once nobody needs or reads it.
+
+    `redundant`: an offload seed whose version has `min_full_copies` other full live copies is no
+    longer needed either (the origin kept it only until a second reader finished; the hub passes
+    False for a seed worker's replicas, which it asks for again while they are the latest)."""
+    return (not retained or redundant) and inflight == 0 and not releasing
 
 
 @dataclass(frozen=True, slots=True)

@@ -236,8 +236,8 @@ class HubServer:
         return {"committed": committed, "latest": self.state.models[model].latest}
 
     def op_register(self, ident, rid, wid: str, model: str, version: int, shard: Shard, slot: str,
-                    manifest: Manifest):
-        return self.state.register_replica(wid, model, version, shard, slot, manifest)
+                    manifest: Manifest, origin: bool = False):
+        return self.state.register_replica(wid, model, version, shard, slot, manifest, origin=origin)
 
     def op_fetch(self, ident, rid, wid: str, model: str, version, shard: Shard, group=None, into_spec=None):
         t0 = time.perf_counter()

@@ -150,11 +150,17 @@ class Fetches:
                     (under if load < cap else over).append((r, w, load))
                 if under:
                     pick = under if tier < CROSS_DC else under + over
-                    return [Source(r.id, r.worker, w.location, r.full, load, r.origin) for r, w, load in pick]
+                    return [Source(r.id, r.worker, w.location, r.full, load, r.origin, backup=r.slot == "seed")
+                            for r, w, load in pick]
             if over:
-                return [Source(r.id, r.worker, w.location, r.full, load, r.origin) for r, w, load in over]
-        return [Source(r.id, r.worker, self.workers[r.worker].location, r.full, self.worker_load(r.worker), r.origin)
-                for r in self._candidates(reader.id, model, ver, shard, exclude_fetch=exclude_fetch)]
+                return [Source(r.id, r.worker, w.location, r.full, load, r.origin, backup=r.slot == "seed")
+                        for r, w, load in over]
+        return self._sources(self._candidates(reader.id, model, ver, shard, exclude_fetch=exclude_fetch))
+
+    def _sources(self, cands: list[ReplicaRec]) -> list[Source]:
+        """The planner's view of candidate replicas; an offload seed is a backup (planner rule 5)."""
+        return [Source(r.id, r.worker, self.workers[r.worker].location, r.full, self.worker_load(r.worker), r.origin,
+                       backup=r.slot == "seed") for r in cands]
 
     def _candidates(self, wid: str, model: str, ver: int, shard: str, exclude_fetch: str | None = None,
                     excluded: set[str] = frozenset()) -> list[ReplicaRec]:
@@ -221,8 +227,7 @@ class Fetches:
         if not cands:
             raise E.VersionLostError(f"{f.model!r} v{f.version} {f.shard}: no replica other than the ones that "
                                      f"failed this fetch can serve its {len(units)} missing units")
-        srcs = [Source(r.id, r.worker, self.workers[r.worker].location, r.full, self.worker_load(r.worker), r.origin)
-                for r in cands]
+        srcs = self._sources(cands)
         sub = self.planner.choose_sources(reader.location, srcs, [manifest.units[u].nbytes for u in units],
                                           cross_dc_inflight=self._crossing_into(reader, f.model, f.version, fid))
         if not sub:

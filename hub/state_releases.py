@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 
 from . import errors as E
+from .delta_plan import is_delta_model
 from .replica_id import ReplicaId
 from .retention import Action, ReleaseView, SeedWorker, choose_seed_worker, drop_seed
 from .shard import Shard
@@ -71,11 +72,15 @@ class Releases:
         leaving = r.id in self.handoffs
         target = self.handoffs.get(r.id, "")
         target = target if target in self.workers else ""  # the one asked before died: ask another
-        return ReleaseView(retained=self.is_retained(r.model, r.version),
-                           other_full=sum(1 for p in peers if p.full and not p.releasing),
+        # A leaving worker's other copies (its seeds) go with it: they are not "other" copies then.
+        others = [p for p in peers if p.full and not p.releasing and not (leaving and p.worker == r.worker)]
+        return ReleaseView(retained=self.is_retained(r.model, r.version), other_full=len(others),
                            relays=sum(1 for p in peers if not p.full), inflight=self.inflight_from(r.id),
                            seed_slot=r.slot == "seed", leaving=leaving, handoff_target=target,
-                           seed_candidate=self._seed_worker_for(r) if leaving and not target else "")
+                           seed_candidate=self._seed_worker_for(r) if leaving and not target else "",
+                           # a delta (NAME@delta) is derived: losing it costs a full fetch, not a version
+                           origin=r.origin and r.slot == "live" and not is_delta_model(r.model),
+                           own_seed=any(p.worker == r.worker and p.slot == "seed" and p.full for p in peers))
 
     def _seed_worker_for(self, r: ReplicaRec) -> str:
         """The nearest live seed worker that does not already hold or fetch this shard, or ''."""
@@ -102,10 +107,18 @@ class Releases:
         for r in [self.replicas[rid] for rid in self._index.worker_replicas.get(wid, ())]:
             if (r.full and (r.slot == "seed" or (w and w.role == "seed"))
                     and drop_seed(retained=self.is_retained(r.model, r.version), inflight=self.inflight_from(r.id),
-                                  releasing=r.id in self.pending_releases)):
+                                  releasing=r.id in self.pending_releases, redundant=self._redundant_seed(r))):
                 del self.replicas[r.id]
                 out.append(r.id)
         return out
+
+    def _redundant_seed(self, r: ReplicaRec) -> bool:
+        """An offload seed with `min_full_copies` other full live copies (not releasing) beside it."""
+        if r.slot != "seed":
+            return False
+        live = [p for p in self.replicas_of(r.model, r.version, r.shard)
+                if p.id != r.id and p.full and p.slot == "live" and not p.releasing]
+        return len(live) >= self.retention.cfg.min_full_copies
 
     def tasks_for(self, wid: str) -> list[list]:
         """Fetches a seed worker should start: hand-offs asked of it, and (if it follows) each latest."""

@@ -96,8 +96,11 @@ class Versions:
             m.committed.sort()
 
     def register_replica(self, wid: str, model: str, version: int, shard: Shard, slot: str,
-                         manifest: Manifest) -> str:
-        """A worker (re)announces a full replica of a committed version: seeds, and re-registration."""
+                         manifest: Manifest, origin: bool = False) -> str:
+        """A worker (re)announces a full replica of a committed version: seeds, and re-registration.
+
+        `origin`: a live replica its publisher re-registers after a hub restart (the new hub would
+        otherwise take the trainer's copy for a reader's, and let it go with one other copy)."""
         self.touch(wid)
         m = self.model(model)
         v = m.versions.get(version)
@@ -109,7 +112,7 @@ class Versions:
             raise E.ProtocolError(f"unknown replica slot {slot!r}")
         rid = ReplicaId(wid, model, version, shard.key, slot).wire
         live = self.replicas.get(ReplicaId(wid, model, version, shard.key).wire)
-        origin = slot == "seed" and live is not None and live.origin
+        origin = (origin and slot == "live") or (slot == "seed" and live is not None and live.origin)
         rec = self.replicas.setdefault(rid, ReplicaRec(rid, wid, model, version, shard.key, slot, True, origin=origin))
         if not rec.full:
             # The worker holds it complete (it registers nothing else): a fetch of it this hub still has

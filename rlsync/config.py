@@ -82,7 +82,7 @@ class EmbeddedHubConfig:
     from workers preempted with notice, even when every rollout there is busy or gone."""
     server: HubConfig = field(default_factory=_run_hub_server)
     """The hub's `HubConfig`: planner (fan-out cap, striping, cross_dc_streams), retention (retain_last,
-    prefer_seed: True here, see above), worker_timeout_s, ticket_ttl_s, suspect_s."""
+    prefer_seed: True here, see above; min_full_copies), worker_timeout_s, ticket_ttl_s, suspect_s."""
     client: ClientConfig = field(default_factory=ClientConfig)
     """Every worker's `ClientConfig`: transport (None: best usable per pair), manifest (chunking), dataplane
     (bind host: 127.0.0.1 unless workers span hosts; streams, timeouts), RPC timeouts, heartbeat."""

@@ -75,7 +75,8 @@ class ScanState(HubState):
         return down
 
     def _nearest_sources(self, reader, model, ver, shard, exclude_fetch):
-        return [Source(r.id, r.worker, self.workers[r.worker].location, r.full, self.worker_load(r.worker), r.origin)
+        return [Source(r.id, r.worker, self.workers[r.worker].location, r.full, self.worker_load(r.worker), r.origin,
+                       backup=r.slot == "seed")
                 for r in self._candidates(reader.id, model, ver, shard, exclude_fetch=exclude_fetch)]
 
     def _relay_fetches(self, relay):
@@ -98,7 +99,12 @@ class ScanState(HubState):
         for r in list(self.replicas.values()):
             if (r.worker == wid and r.full and (r.slot == "seed" or (w and w.role == "seed"))
                     and drop_seed(retained=self.is_retained(r.model, r.version), inflight=self.inflight_from(r.id),
-                                  releasing=r.id in self.pending_releases)):
+                                  releasing=r.id in self.pending_releases,
+                                  redundant=r.slot == "seed" and sum(
+                                      1 for p in self.replicas.values()
+                                      if (p.model, p.version, p.shard) == (r.model, r.version, r.shard) and p.id != r.id
+                                      and p.full and p.slot == "live" and not p.releasing
+                                  ) >= self.cfg.retention.min_full_copies)):
                 del self.replicas[r.id]
                 out.append(r.id)
         return out

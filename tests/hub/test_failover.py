@@ -56,6 +56,25 @@ def test_holder_killed_milliseconds_into_a_fetch_replans_to_the_trainer(procs):
             assert got["bytes_by_source"].get(trainer.wid, 0) > 0
 
 
+def test_the_trainer_keeps_its_copy_while_one_reader_holds_it_so_that_readers_kill_loses_nothing(procs):
+    """Issue 18's chaos loss: the trainer released v once ONE reader held it in full and overwrote its
+    buffers; that reader was kill -9'd and v was gone. With retention.min_full_copies=2 the release
+    offload-seeds first (it does not block): after the kill a new reader still gets v's exact bytes."""
+    with start_embedded_hub() as hub:
+        trainer, reader, late = (procs(hub.address, hub.token, n) for n in ("trainer", "reader", "late"))
+        for i, w in enumerate((trainer, reader, late)):
+            w.join(host=f"h{i}")
+        pub = trainer.call("publish", model="policy", version=1, size_mb=2, seed=7)
+        assert reader.call("fetch", model="policy", version=1)["digest"] == pub["digest"]
+        trainer.call("release", model="policy", version=1)
+        assert trainer.call("overwrite", value=-3.0) != pub["digest"]   # the optimizer step, in place
+        assert any(h.endswith(":seed") for h in trainer.call("held"))  # the origin's copy, in host memory
+        reader.kill()                                                   # kill -9 the one reader-held copy
+        got = late.call("fetch", model="policy", version=1)
+        assert got["version"] == 1 and got["digest"] == pub["digest"]
+        assert got["bytes_by_source"].get(trainer.wid, 0) > 0
+
+
 def free_port() -> int:
     import socket
     with socket.socket() as s:
@@ -255,6 +274,32 @@ def test_a_publish_committed_by_a_hub_that_died_before_answering_is_recognised(t
         assert trainer.versions("policy")["held"] == [1, 2]  # v2 registered by its publisher (v1 by the re-join)
         trainer.release("policy", 2)                       # and its release works
     finally:
+        trainer.leave()
+        hub.stop()
+
+
+def test_after_a_hub_restart_the_trainers_copy_is_still_kept_while_one_reader_holds_it(tmp_path, wait_until):
+    """The restarted hub learns who holds what from re-registration. The trainer re-registers its live
+    copy as the publisher's (origin), so min_full_copies still applies: with one reader holding v1, the
+    trainer's release offload-seeds instead of letting go (before, the new hub took it for a reader's)."""
+    import torch
+
+    kw = dict(port=free_port(), journal=str(tmp_path / "journal.db"), token="t" * 48)
+    hub = start_embedded_hub(**kw)
+    trainer = HubClient(hub.address, hub.token, config=ClientConfig(hub_deadline_s=30.0))
+    reader = HubClient(hub.address, hub.token, config=ClientConfig(hub_deadline_s=30.0))
+    try:
+        trainer.join(Location(host="t"))
+        reader.join(Location(host="r"))
+        trainer.publish("policy", 1, {"w": torch.full((256,), 1.0)})
+        hub.stop()
+        hub = start_embedded_hub(**kw)
+        wait_until(lambda: trainer._joins > 0, what="the trainer's re-join")
+        assert reader.fetch("policy", 1).version == 1      # one reader holds v1 in full
+        trainer.release("policy", 1)
+        assert any(rid.endswith(":seed") for rid in trainer._held)  # the origin's copy stays, in host memory
+    finally:
+        reader.leave()
         trainer.leave()
         hub.stop()
 

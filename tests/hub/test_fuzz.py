@@ -36,7 +36,8 @@ PLAUSIBLE = {  # per argument, values that pass its check, so frames reach the s
     "shard": st.sampled_from([[0, 0, 1, 1], [1, 0, 2, 1]]), "slot": st.sampled_from(["live", "seed", "x"]),
     "manifest": st.just({"t": [], "u": []}), "fetch_id": st.sampled_from(["f1", "1.f2"]),
     "failed": st.just([]), "units": st.lists(st.integers(0, 40), max_size=3), "ok": st.booleans(),
-    "handoff": st.booleans(), "follow": st.booleans(), "name": st.just("n"), "location": st.just({"dc": "d"}),
+    "handoff": st.booleans(), "follow": st.booleans(), "origin": st.booleans(), "name": st.just("n"),
+    "location": st.just({"dc": "d"}),
     "endpoint": st.just({"tcp": "127.0.0.1:1", "reader_key": b"k" * 32}), "group": st.just(["g", 1]),
     "into_spec": st.just([]), "base": st.integers(0, 4), "worker_id": st.just("w9.9"),
     "role": st.sampled_from(["worker", "seed", "x"])}

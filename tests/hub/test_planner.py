@@ -73,3 +73,18 @@ def test_source_hosts_restricts_reads_to_those_hosts():
     near = src("near", host="h")
     assert list(p.choose_sources(me, [near, trainer], [1])) == ["trainer"]
     assert p.choose_sources(me, [near], [1]) == {}
+
+
+def test_a_backup_seed_serves_only_when_no_full_live_replica_in_the_tier_can():
+    """Rule 5: the trainer's offload seed (kept so that one kill cannot lose the version) is not striped
+    in beside a rollout's full copy, so a joiner reads from the rollout; alone, or beside a relay, it serves."""
+    me = Location(dc="d", rack="r", host="h")
+    p = Planner(PlannerConfig(max_sources=2, stripe_min_bytes=100))
+    seed = Source("t:seed", "t", Location(dc="d", rack="r", host="t"), True, 0, origin=True, backup=True)
+    assert p.choose_sources(me, [seed, src("engine", host="e", load=3)], [50] * 4) == {"engine": [0, 1, 2, 3]}
+    assert p.choose_sources(me, [seed], [50] * 2) == {"t:seed": [0, 1]}
+    relay = src("relay", host="r", full=False)
+    assert set(p.choose_sources(me, [seed, relay], [50] * 4)) == {"t:seed", "relay"}
+    # topology still comes first: a backup on the reader's own host beats a live copy in another rack
+    near = Source("n:seed", "n", Location(dc="d", rack="r", host="h"), True, 0, backup=True)
+    assert list(p.choose_sources(me, [near, src("far", rack="r2", host="f")], [1])) == ["n:seed"]

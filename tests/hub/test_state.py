@@ -152,7 +152,8 @@ def test_releasing_replica_still_serves_when_the_relay_it_waited_for_died():
     again = s.replan(w["r2"], b.fetch_id, [b.sources[0][0].id], [0])
     assert again.sources[0][1].id == w["t"]
     s.fetch_done(w["r2"], b.fetch_id, True)
-    assert s.poll_releases() == {f"{w['t']}:p:1:tp0-pp0:live": DONE}
+    # r2 is the one other full copy: the trainer's (origin's) copy needs min_full_copies=2, so it seeds
+    assert s.poll_releases() == {f"{w['t']}:p:1:tp0-pp0:live": SEED}
 
 
 def test_source_hosts_pins_every_read_to_the_trainer_and_refuses_cleanly_without_it():

@@ -86,10 +86,12 @@ def test_every_hub_knob_is_reachable_from_the_run_config():
     from rlsync.hub import ClientConfig, HubConfig
 
     cfg = to_config(_compose("+recipe=grpo_elastic", "hub.server.planner.fanout_cap=8",
-                             "hub.server.retention.retain_last=2", "hub.client.dataplane.host=0.0.0.0",
+                             "hub.server.retention.retain_last=2",
+                             "hub.server.retention.min_full_copies=3", "hub.client.dataplane.host=0.0.0.0",
                              "hub.client.manifest.chunk_bytes=1048576", "hub.client.transport=tcp-py"))
     assert isinstance(cfg.hub.server, HubConfig) and isinstance(cfg.hub.client, ClientConfig)
     assert cfg.hub.server.planner.fanout_cap == 8 and cfg.hub.server.retention.retain_last == 2
+    assert cfg.hub.server.retention.min_full_copies == 3
     assert cfg.hub.client.dataplane.host == "0.0.0.0" and cfg.hub.client.manifest.chunk_bytes == 1 << 20
     assert cfg.hub.server.worker_timeout_s == 5.0                      # the recipe's own override
     # The run's one deliberate difference from the hub library's defaults (docs/rl.md).
