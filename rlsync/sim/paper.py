@@ -65,6 +65,9 @@ class PaperSetup:
     """NCCL pipeline chunk per hop."""
     rpc_ms: float = 0.5
     """Hub RPC round trip in the DC; the hub's own time per request is the real HubState's, measured."""
+    hub_service_ms: float = -1.0
+    """Hub time per request: < 0 = the wall time the real HubState call takes in this process (so it
+    grows with the machine's load); >= 0 = that fixed time (0: an instantaneous hub)."""
     train_s: float = 60.0
     """standalone: the trainer's step after publishing, before it must release."""
     store_nodes: int = 128
@@ -109,7 +112,7 @@ def _hub(p: PaperSetup, net: Network, trainers: list[str], p2p: bool) -> SimClus
     planner = (PlannerConfig(fanout_cap=1 << 20, max_sources=1, source_hosts=tuple(trainers)) if p2p
                else PlannerConfig(fanout_cap=p.fanout_cap))
     c = SimCluster(net, HubConfig(planner=planner), unit_bytes=int(p.unit_mib * (1 << 20)),
-                   rpc_s=p.rpc_ms / 1e3, hub_service_s=None)
+                   rpc_s=p.rpc_ms / 1e3, hub_service_s=None if p.hub_service_ms < 0 else p.hub_service_ms / 1e3)
     for t in trainers:
         c.join(t)
     c.publish(trainers[0], "policy", 1, int(p.shard_bytes), rpc=False)
