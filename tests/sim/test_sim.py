@@ -116,11 +116,17 @@ def test_the_real_planner_decides(monkeypatch):
 
 
 # ---------------------------------------------------------------- retention and churn through the real hub
-def test_the_last_copy_waits_for_a_relay_before_it_goes():
+@pytest.mark.parametrize("min_full_copies", [1, 2])
+def test_the_last_copy_waits_for_a_relay_before_it_goes(min_full_copies):
     """The trainer releases while the only reader is mid-fetch: retention says WAIT; the release
-    completes when the reader holds the version (its fetch_done reaches the hub)."""
+    completes when the reader holds the version (its fetch_done reaches the hub). With the default
+    `min_full_copies=2` one reader's copy is not enough: the trainer offload-seeds first (a host copy
+    at `offload_bps`), and that seed stays registered."""
+    from rlsync.hub.retention import RetentionConfig
+
     net = Network(nic_bps=10 * MB)
-    c = SimCluster(net, HubConfig(), unit_bytes=int(MB))
+    c = SimCluster(net, HubConfig(retention=RetentionConfig(min_full_copies=min_full_copies)),
+                   unit_bytes=int(MB), offload_bps=1e9)
     for n in ("trainer", "r0"):
         net.add(n)
         c.join(n)
@@ -129,7 +135,9 @@ def test_the_last_copy_waits_for_a_relay_before_it_goes():
     c.fetch("r0", "policy", on_done=got.append)
     c.engine.at(0.5, lambda: c.release("trainer", "policy", 1, then=released.append))
     c.engine.run()
-    assert got == pytest.approx([2.0]) and released == pytest.approx([2.0])
+    seeded = min_full_copies == 2
+    assert got == pytest.approx([2.0]) and released == pytest.approx([2.0 + (0.02 if seeded else 0.0)])
+    assert any(r.endswith(":seed") for r in c.hub.replicas) == seeded
 
 
 def test_a_preempted_relay_is_planned_around_and_expires():
