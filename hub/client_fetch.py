@@ -44,6 +44,8 @@ class FetchResult:
     mode: str = "full"
     """How it arrived: 'full' (units of the version), 'delta' (a chain of deltas onto the held
     version: `nbytes` is then the delta bytes that moved), 'held' (nothing moved)."""
+    phases: dict | None = None
+    """For a delta fetch, seconds per phase: choose, pull, decode, release, apply, register."""
 
     @property
     def gbps(self) -> float:

@@ -154,9 +154,10 @@ class BenchCluster:
         return time.monotonic() - t0
 
     # ---------------------------------------------------------------- rlsync and trainer-only p2p
-    def start_hub(self, name: str, planner: dict, only_hosts: list[str] | None = None) -> dict:
+    def start_hub(self, name: str, planner: dict, only_hosts: list[str] | None = None,
+                  delta: dict | None = None) -> dict:
         h = self.agents["hub"].call("hub_start", name=name, ip=self.topo.ip("hub"), planner=planner,
-                                    only_hosts=only_hosts)
+                                    only_hosts=only_hosts, delta=delta)
         self.hubs[name] = h
         return h
 

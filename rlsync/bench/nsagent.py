@@ -83,10 +83,11 @@ def build_model(mib: float, seed: int, n_layers: int = 8, bucket_mib: float = 16
 
 
 def digest(model: dict) -> str:
+    import torch
     import xxhash
     h = xxhash.xxh3_128()
     for flat in model["buckets"]:
-        h.update(flat.numpy().data.cast("B"))
+        h.update(flat.view(torch.uint8).numpy().data)  # any dtype (bf16 has no numpy twin)
     return h.hexdigest()
 
 
@@ -119,7 +120,7 @@ def _digest(buf: str) -> str:
 # ---------------------------------------------------------------- rlsync
 @command("hub_start")
 def _hub_start(name: str, ip: str, planner: dict | None = None, only_hosts: list[str] | None = None,
-               worker_timeout_s: float = 30.0) -> dict:
+               worker_timeout_s: float = 30.0, delta: dict | None = None) -> dict:
     """Run a hub server in this process, bound to this namespace's address."""
     import secrets
     import tempfile
@@ -128,7 +129,9 @@ def _hub_start(name: str, ip: str, planner: dict | None = None, only_hosts: list
     from rlsync.hub.server import HubServer
 
     planner = {**(planner or {}), "source_hosts": tuple(only_hosts or ())}
-    cfg = HubConfig(planner=PlannerConfig(**planner), worker_timeout_s=worker_timeout_s)
+    from rlsync.hub.delta_plan import DeltaConfig
+    cfg = HubConfig(planner=PlannerConfig(**planner), worker_timeout_s=worker_timeout_s,
+                    delta=DeltaConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in (delta or {}).items()}))
     token = secrets.token_hex(16)
     journal = os.path.join(tempfile.mkdtemp(prefix=f"rlsync-bench-{name}-"), "journal.db")
     server = HubServer(host=ip, port=0, token=token, journal=journal, config=cfg)
@@ -214,7 +217,7 @@ def _exit() -> bool:
 # ---------------------------------------------------------------- agent process main
 def agent_main() -> int:
     from rlsync.hub.logs import setup_logging
-    from . import baselines, raybase  # noqa: F401  (register the baselines' commands)
+    from . import baselines, delta_agent, raybase  # noqa: F401  (register the baselines' and deltas' commands)
 
     setup_logging(os.environ.get("RLSYNC_AGENT_LOG", "WARNING"))
     out_lock = threading.Lock()

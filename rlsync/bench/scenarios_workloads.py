@@ -241,9 +241,13 @@ def print_summary(res: dict) -> None:
         for s, v in res["total_stall_s_median"].items():
             t.add_row(s, f"{v:.2f}", f"{res['wall_s_median'][s]:.2f}")
         key = "speedup_vs_per_worker_pull"
+    key = "speedup_delta_vs_full" if cfg.get("delta") else key
     c = Console(width=160)
     c.print(t)
     c.print(f"{key}: {res[key]}   exact bytes: {'yes' if res['exact'] else 'NO'}")
+    if cfg.get("delta"):
+        c.print({k: res[k] for k in ("delta_ratio_to_full", "crossing_bytes_per_delta", "crossing_data_bytes_per_delta",
+                                     "speedup_delta_vs_per_worker_pull", "delta_modes") if k in res})
     if name == "standalone":
         c.print(f"rollout_stall_speedup_vs_gloo_broadcast: {res['rollout_stall_speedup_vs_gloo_broadcast']}   "
                 f"speedup_vs_gloo_broadcast_one_trainer_gpu: {res['speedup_vs_gloo_broadcast_one_trainer_gpu']}")
@@ -262,7 +266,8 @@ def plot(res: dict, path: Path) -> None:
     else:
         vals = res["total_stall_s_median"]
         ylabel, key = "total stall of remote rollouts (s)", "speedup_vs_per_worker_pull"
-    ax.bar(list(vals), list(vals.values()), color=["tab:red", "tab:blue"][:len(vals)])
+    key = "speedup_delta_vs_full" if res["config"].get("delta") else key
+    ax.bar(list(vals), list(vals.values()), color=["tab:red", "tab:blue", "tab:gray"][:len(vals)])
     ax.set_ylabel(ylabel)
     ax.set_title(f"{name}: {key} = {res[key]}")
     fig.tight_layout()
@@ -282,6 +287,17 @@ def _parse(name: str, argv: list[str], model_mib: float, extra) -> argparse.Name
     add_common_args(p, model_mib)
     extra(p)
     return p.parse_args(argv)
+
+
+def _delta_args(p: argparse.ArgumentParser, behind_help: str | None) -> None:
+    p.add_argument("--delta", action="store_true", help="bf16 model, real-like updates; readers holding an older "
+                   "version pull deltas (rlsync/bench/scenarios_delta.py), vs full fetches in the same run")
+    p.add_argument("--update-frac", type=float, default=0.05,
+                   help="share of bf16 elements one optimizer step changes (SmolLM2-135M, 4 steps: 0.035-0.08)")
+    if behind_help:
+        p.add_argument("--behind", type=int, default=2, help=behind_help)
+    else:
+        p.add_argument("--skip-p2p", action="store_true", help="leave out the per-worker pull baseline (slow)")
 
 
 def _cannot(name: str) -> int | None:
@@ -315,10 +331,15 @@ def elastic_main(argv: list[str]) -> int:
         p.add_argument("--holders", type=int, default=2, help="workers already holding the version (m)")
         p.add_argument("--joiners", type=int, default=8, help="workers joining at once (k)")
         p.add_argument("--reps", type=int, default=1)
+        _delta_args(p, "stale workers hold a version this many versions old and catch up (with --delta)")
     a = _parse("elastic", argv, 64.0, extra)
     if (rc := _cannot("elastic")) is not None:
         return rc
     t0 = time.monotonic()
+    if a.delta:
+        from .scenarios_delta import run_elastic_delta
+        return _finish(run_elastic_delta(config_from(a), a.holders, a.joiners, a.reps, a.behind, a.update_frac),
+                       a.json, t0)
     return _finish(run_elastic(config_from(a), a.holders, a.joiners, a.reps), a.json, t0)
 
 
@@ -331,8 +352,13 @@ def crossdc_main(argv: list[str]) -> int:
         # Inside a DC the NICs are 1/dc-ratio times the DC link, so one relay can feed several
         # readers at the rate the version crosses: a shallower tree, less pipeline fill.
         p.set_defaults(fanout_cap=4)
+        _delta_args(p, None)
     a = _parse("crossdc", argv, 8.0, extra)
     if (rc := _cannot("crossdc")) is not None:
         return rc
     t0 = time.monotonic()
+    if a.delta:
+        from .scenarios_delta import run_crossdc_delta
+        return _finish(run_crossdc_delta(config_from(a), a.rollouts, a.dc_ratio, a.reps, a.update_frac,
+                                         a.skip_p2p), a.json, t0)
     return _finish(run_crossdc(config_from(a), a.rollouts, a.dc_ratio, a.reps), a.json, t0)
