@@ -14,8 +14,8 @@ to retention changes the simulated times, and nothing is copied from them.
 
 What is modelled of the control plane: every RPC costs `rpc_s` (round trip) and the hub serves one
 request at a time (a FIFO queue), each taking `hub_service_s` of hub time, or, with
-`hub_service_s=None`, the wall time the real `HubState` call took in this process (the planner's
-own cost at this scale). Heartbeats are not simulated as messages: a live worker counts as heard
+`hub_service_s=None`, the CPU time the real `HubState` call took in this thread (the planner's own
+cost at this scale, as on a hub with a core to itself; CPU time, so the machine's load barely moves it). Heartbeats are not simulated as messages: a live worker counts as heard
 from whenever the hub runs an expiry, as it would be with heartbeats well inside the timeout.
 """
 from __future__ import annotations
@@ -104,12 +104,12 @@ class SimCluster:
             return
         self._hub_idle = False
         fn, args, reply, error = self._hub_q.popleft()
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         try:
             out, failed = fn(*args), None
         except E.HubError as e:
             out, failed = None, e
-        took = time.perf_counter() - t0 if self.hub_service_s is None else self.hub_service_s
+        took = time.thread_time() - t0 if self.hub_service_s is None else self.hub_service_s
         self.hub_busy_s += took
         if failed is None and reply is not None:
             self.engine.at(took + self.rpc_s / 2, reply, out)

@@ -64,10 +64,10 @@ class PaperSetup:
     nccl_chunk_mib: float = 4.0
     """NCCL pipeline chunk per hop."""
     rpc_ms: float = 0.5
-    """Hub RPC round trip in the DC; the hub's own time per request is the real HubState's, measured."""
+    """Hub RPC round trip in the DC (the hub's own time per request: hub_service_ms)."""
     hub_service_ms: float = -1.0
-    """Hub time per request: < 0 = the wall time the real HubState call takes in this process (so it
-    grows with the machine's load); >= 0 = that fixed time (0: an instantaneous hub)."""
+    """Hub time per request: < 0 = the CPU time the real HubState call takes in this process (a hub
+    with a core to itself); >= 0 = that fixed time (0: an instantaneous hub)."""
     train_s: float = 60.0
     """standalone: the trainer's step after publishing, before it must release."""
     store_nodes: int = 128

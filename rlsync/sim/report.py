@@ -30,7 +30,8 @@ def print_paper(res: dict) -> None:
             f"{res['shard_gb'] * GB / (s['nic_gbit'] * 1e9 / 8 * s['nic_efficiency']):.2f} s")
     c.print("model: max-min fair sharing of every link among active flows; relays pipelined one unit behind "
             "their upstream; the real HubState (planner, retention) plans every rlsync and p2p read; RPC "
-            f"{s['rpc_ms']} ms round trip, hub time per request = the real call's time here")
+            f"{s['rpc_ms']} ms round trip, hub time per request = "
+            + ("the real call's CPU time here" if s['hub_service_ms'] < 0 else f"{s['hub_service_ms']} ms"))
     for name, w in res["workloads"].items():
         key = w["figure"]
         t = Table(title=f"{name}: {FIGURES[key]}")
