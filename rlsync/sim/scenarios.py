@@ -13,6 +13,7 @@ with `PlannerConfig(source_hosts=("trainer",), fanout_cap=1<<20, max_sources=1)`
 """
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 
 from rlsync.hub.planner import PlannerConfig
@@ -35,6 +36,16 @@ class BenchModel:
     """Control-plane round trip of one hub RPC between namespaces (an assumption; see docs/scale.md)."""
     fetch_rpcs: int = 2
     """RPCs of a fetch besides the plan: the release of the buffer's previous replica, fetch_done."""
+    order_seed: int | None = None
+    """Readers started at one instant reach the hub in a random order (the benchmark's agents all
+    fire at `go`): the order shuffled with this seed; None = in name order."""
+
+    def ordered(self, readers: list[str]) -> list[str]:
+        if self.order_seed is None:
+            return list(readers)
+        out = list(readers)
+        random.Random(self.order_seed).shuffle(out)
+        return out
 
     def net(self, dc_link_bps: float | None = None) -> Network:
         return Network(nic_bps=bytes_per_s(self.nic_rate), dc_link_bps=dc_link_bps, efficiency=self.efficiency)
@@ -64,7 +75,7 @@ def _cluster(m: BenchModel, net: Network, p2p: bool, **planner) -> SimCluster:
 def _fetch_all(c: SimCluster, m: BenchModel, readers: list[str], version, done: dict) -> None:
     """Every reader fetches at once (after the fetch's other RPCs, modelled as their round trips)."""
     extra = m.fetch_rpcs * m.rpc_s
-    for r in readers:
+    for r in m.ordered(readers):
         c.fetch(r, "policy", version, on_done=lambda t, r=r: done.__setitem__(r, t + extra))
 
 
@@ -101,7 +112,7 @@ def elastic(m: BenchModel, holders: int = 2, joiners: int = 8, p2p: bool = False
     t0 = c.engine.now
     done: dict[str, float] = {}
     extra = (m.fetch_rpcs - 1) * m.rpc_s  # a joiner has no previous replica to release
-    for r in join:
+    for r in m.ordered(join):
         c.join_rpc(r, lambda _wid, r=r: c.fetch(r, "policy", 1,
                                                 on_done=lambda t, r=r: done.__setitem__(r, t + extra)))
     c.engine.run()
