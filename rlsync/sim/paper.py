@@ -24,6 +24,7 @@ trainer's hosts: UCX's shape) and an object store (put, then get; per-stream cop
 """
 from __future__ import annotations
 
+import random
 from dataclasses import asdict, dataclass, fields
 
 from rlsync.hub.planner import PlannerConfig
@@ -77,6 +78,9 @@ class PaperSetup:
     preempt_frac: float = 0.0
     """elastic: this fraction of the holders (those serving a read first) is preempted without notice
     1 s into the joiners' fetch; their readers re-plan; the hub expires them after its worker timeout."""
+    order_seed: int = 0
+    """Engines updated at one instant reach the hub in a random order (this seed), as in the
+    benchmarks the simulator was validated on."""
     fanout_cap: int = 1
     """rlsync planner fan-out cap: 1, as in the emulated benchmarks: with equal NICs a chain pipelines at link rate (the hub default, 4, splits an uplink four ways)."""
 
@@ -122,8 +126,10 @@ def _hub(p: PaperSetup, net: Network, trainers: list[str], p2p: bool) -> SimClus
     return c
 
 
-def _run_fetches(c: SimCluster, readers: list[str], join: bool = False) -> dict[str, float]:
+def _run_fetches(c: SimCluster, readers: list[str], join: bool = False, seed: int = 0) -> dict[str, float]:
     done: dict[str, float] = {}
+    readers = list(readers)
+    random.Random(seed).shuffle(readers)
     for r in readers:
         if join:
             c.join_rpc(r, lambda _w, r=r: c.fetch(r, "policy", 1, on_done=lambda t, r=r: done.__setitem__(r, t)))
@@ -143,7 +149,7 @@ def standalone(p: PaperSetup) -> dict:
     for system, p2p in (("rlsync", False), ("trainer-only p2p", True)):
         net, trainers, engines = _place(p, 1)
         c = _hub(p, net, trainers, p2p)
-        done = _run_fetches(c, engines)
+        done = _run_fetches(c, engines, seed=p.order_seed)
         released: list[float] = []
         for t in trainers:
             c.engine.at(p.train_s, c.release, t, "policy", 1, Shard(), "live", released.append)
@@ -171,7 +177,7 @@ def elastic(p: PaperSetup) -> dict:
             c.join(e)
             c.hub.register_replica(c.wid[e], "policy", 1, Shard(), "live", m)
         joiners = engines[half:]
-        done = _run_fetches(c, joiners, join=True)
+        done = _run_fetches(c, joiners, join=True, seed=p.order_seed)
         c.engine.at(1.0, _preempt_serving, c, engines[:half], int(half * p.preempt_frac))
         c.engine.run()
         _check(c, done, joiners, f"elastic {system}")
@@ -193,7 +199,7 @@ def crossdc(p: PaperSetup) -> dict:
     for system, p2p in (("rlsync", False), ("trainer-only p2p", True)):
         net, trainers, engines = _place(p, p.dcs)
         c = _hub(p, net, trainers, p2p)
-        done = _run_fetches(c, engines)
+        done = _run_fetches(c, engines, seed=p.order_seed)
         c.engine.run()
         _check(c, done, engines, f"crossdc {system}")
         out[system] = _remote(p, net, done)
