@@ -78,9 +78,9 @@ class PaperSetup:
     preempt_frac: float = 0.0
     """elastic: this fraction of the holders (those serving a read first) is preempted without notice
     1 s into the joiners' fetch; their readers re-plan; the hub expires them after its worker timeout."""
-    order_seed: int = 0
-    """Engines updated at one instant reach the hub in a random order (this seed), as in the
-    benchmarks the simulator was validated on."""
+    order_seed: int = -1
+    """The order in which engines updated at one instant reach the hub: -1 = by name (rack by rack);
+    >= 0 = shuffled with this seed (as the validation does: the benchmarks' agents fire at once)."""
     fanout_cap: int = 1
     """rlsync planner fan-out cap: 1, as in the emulated benchmarks: with equal NICs a chain pipelines at link rate (the hub default, 4, splits an uplink four ways)."""
 
@@ -129,7 +129,8 @@ def _hub(p: PaperSetup, net: Network, trainers: list[str], p2p: bool) -> SimClus
 def _run_fetches(c: SimCluster, readers: list[str], join: bool = False, seed: int = 0) -> dict[str, float]:
     done: dict[str, float] = {}
     readers = list(readers)
-    random.Random(seed).shuffle(readers)
+    if seed >= 0:
+        random.Random(seed).shuffle(readers)
     for r in readers:
         if join:
             c.join_rpc(r, lambda _w, r=r: c.fetch(r, "policy", 1, on_done=lambda t, r=r: done.__setitem__(r, t)))
