@@ -144,3 +144,20 @@ def test_small_workload_scenarios_exact_and_clean(scenario):
     assert res["exact"] is True
     assert res[key] is not None and res[key] > 0
     assert set(list_namespaces()) <= before
+
+
+@needs_root
+def test_small_crossdc_delta_exact_and_crosses_once():
+    """`crossdc --delta`, tiny: every reader's bytes exact after a delta; the trainer served the delta
+    exactly once across the DC link (the other readers got it from relays inside dc1). The elastic
+    delta path (a chain from peers) is covered in tests/hub/test_delta_fetch.py, without namespaces."""
+    from rlsync.bench import scenarios_delta as d
+    from rlsync.bench.cluster import BenchConfig
+
+    cfg = BenchConfig(model_mib=1, nic_rate="400mbit", chunk_mib=0.25, fanout_cap=4)
+    before = set(list_namespaces())
+    res = d.run_crossdc_delta(cfg, rollouts=3, dc_ratio=0.25, reps=1, frac=0.05, skip_p2p=True)
+    assert res["delta_modes"] == ["delta"]
+    assert res["crossing_data_bytes_per_delta"] == 1.0
+    assert res["exact"] is True and res["speedup_delta_vs_full"] > 0
+    assert set(list_namespaces()) <= before
