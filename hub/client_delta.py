@@ -19,7 +19,6 @@ leaves `into` holding the old version, still registered (docs/deltas.md).
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -75,11 +74,9 @@ class DeltaSync:
             dts = {tensor_name(snap.version, i): torch.frombuffer(bytearray(f), dtype=torch.uint8)
                    for i, f in enumerate(frames)}
             out["encode_s"] = time.monotonic() - t0
-            # Frames are small: packed only up to one chunk, so relays forward a delta in chunk-sized
-            # units as they land (pipelined) rather than after the whole delta (one packed unit).
-            m = self.cfg.manifest
-            self.publish(delta_model(model), version, dts, shard,
-                         manifest_config=dataclasses.replace(m, pack_bytes=min(m.pack_bytes, m.chunk_bytes)))
+            # Frames are small and get packed (up to ManifestConfig.pack_bytes) like tiny tensors. Packing
+            # only up to one chunk (to pipeline through relays) was tried and measured worse: docs/deltas.md.
+            self.publish(delta_model(model), version, dts, shard)
             out.update(base=snap.version, delta_bytes=sum(len(f) for f in frames))
             self._drop_old_deltas(model, shard, version, keep)
         t0 = time.monotonic()

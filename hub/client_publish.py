@@ -27,12 +27,11 @@ class Publishing:
     """Publish and release (with offload-seeding and re-registration)."""
 
     def publish(self, model: str, version: int, tensors: dict[str, torch.Tensor],
-                shard: Shard = Shard(), manifest_config=None) -> bool:
+                shard: Shard = Shard()) -> bool:
         """Register live `tensors` as version `version` of `model` (this shard). No copy.
 
         Returns True when this publish completed the version's shard group (it is now `latest`).
         The tensors must not change until `release(model, version, shard)` returns.
-        `manifest_config` overrides the client's `ManifestConfig` for this version (deltas use it).
         """
         wid = self._need_join()
         _check_coords("publish", model, version, shard)
@@ -43,8 +42,7 @@ class Publishing:
         if any(t.device.type == "cuda" for t in tensors.values()):
             local = cuda.DeviceReplica.for_publish(rid, tensors, self.cfg.manifest)  # pinned host mirror
         else:
-            local = LocalReplica(rid, build_manifest(tensors, manifest_config or self.cfg.manifest), dict(tensors),
-                                 full=True)
+            local = LocalReplica(rid, build_manifest(tensors, self.cfg.manifest), dict(tensors), full=True)
         manifest = local.manifest
         self.store.add(local)
         try:
