@@ -51,7 +51,7 @@ def _pct(xs: list[float], q: float) -> float:
 class ManifestBytes:
     """Packed manifests by object (the entry holds the object, so its id is not reused while cached)."""
 
-    def __init__(self, size: int = 64) -> None:
+    def __init__(self, size: int = 16) -> None:
         self._cache: OrderedDict[int, tuple[Manifest, bytes]] = OrderedDict()
         self.size = size
 

@@ -103,7 +103,7 @@ class Fetches:
         """Every unit's size, computed once per manifest (a 1,000-unit list per plan showed in the herd)."""
         hit = self._sizes.get(id(manifest))
         if hit is None or hit[0] is not manifest:
-            if len(self._sizes) >= 256:
+            if len(self._sizes) >= 16:  # each entry keeps its manifest alive: bound it to what is live
                 self._sizes.clear()
             hit = self._sizes[id(manifest)] = (manifest, [u.nbytes for u in manifest.units])
         return hit[1]

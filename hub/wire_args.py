@@ -126,7 +126,7 @@ def _into_spec(v):
 
 
 _PARSED: OrderedDict[tuple, tuple[dict, Manifest]] = OrderedDict()
-PARSED_MANIFESTS = 64
+PARSED_MANIFESTS = 16
 """Manifests parsed lately: a re-join storm re-registers the same few manifests thousands of times;
 parsing and validating a 1,000-unit one costs ~3.5 ms of CPU, comparing its map to a cached one ~0.1."""
 

@@ -191,3 +191,29 @@ def test_old_versions_are_forgotten_unless_still_held_so_the_hub_does_not_grow()
         s.plan_fetch(w["r2"], "p", 2, Shard())
     with pytest.raises(E.VersionError):
         s.publish(w["t"], "p", 2, Shard(), M)  # a forgotten number is never reused
+
+
+def test_the_hub_keeps_no_forgotten_versions_manifest_alive_beyond_a_small_cache():
+    """The soak run (docs/benchmarks.md) saw every hub lifetime grow ~1.3 MiB over its first ~280 versions:
+    caches keyed by manifest (unit sizes per plan) held up to 256 manifests of versions the hub had forgotten."""
+    import gc
+
+    from rlsync.hub.manifest import Manifest
+
+    s, w = state()
+    most = 0
+    for v in range(1, 301):
+        m = build_manifest({"w": torch.full((8,), float(v)), "b": torch.zeros(2)}, ManifestConfig())
+        s.publish(w["t"], "p", v, Shard(), m)
+        for r in ("r1", "r2"):
+            s.fetch_done(w[r], s.plan_fetch(w[r], "p", v, Shard()).fetch_id, True)
+            if v > 1:
+                s.release(w[r], "p", v - 1, Shard())
+        if v > 1:
+            s.release(w["t"], "p", v - 1, Shard())
+        del m
+        if v % 10 == 0:  # the most alive at any time (a bounded cache may clear itself when full)
+            gc.collect()
+            alive = sum(isinstance(o, Manifest) for o in gc.get_objects()) - 3  # this module's M, MANY, M2
+            most = max(most, alive - len(s.models["p"].versions))
+    assert most <= 16, f"{most} manifests of versions the hub no longer keeps were still alive"
