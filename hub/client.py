@@ -33,6 +33,7 @@ from . import errors as E
 from .client_config import ClientConfig, DataPlaneConfig  # torch-free home of the configs (run schema)
 from .client_delta import DeltaSync
 from .client_fetch import FetchResult, Fetching
+from .client_manifests import ManifestCache
 from .client_publish import Publishing
 from .client_session import Session
 from .dataplane import DataServer
@@ -66,6 +67,8 @@ class HubClient(Session, Publishing, Fetching, DeltaSync):
         self._rpc = RpcChannel(address, token, self.cfg.rpc_timeout_s, self.cfg.hub_deadline_s)
         self.store = ReplicaStore()
         self._held: dict[str, tuple[str, int, Shard, str]] = {}
+        self._manifests = ManifestCache()
+        """Manifests this client was sent in fetch plans: a fetch says it has them, the hub omits them."""
         self._published: set[str] = set()
         """Live replicas this worker published (their re-registration after a hub restart says origin)."""
         self._data: DataServer | None = None

@@ -95,15 +95,17 @@ class Fetching:
         dp = self.cfg.dataplane
         measured(self.cfg.transport, dp.streams, dp.zero_copy_send)  # before the plan: its tickets expire soon
         t0 = time.monotonic()
+        have = self._manifests.have(model, shard)  # the hub leaves these out of the plan
         plan = self._call("fetch", wid=wid, model=model, version=version, shard=shard.to_wire(),
-                              group=list(group) if group else None, into_spec=spec)
+                          group=list(group) if group else None, into_spec=spec, have_manifests=list(have))
         fid, ver = plan["fetch_id"], plan["version"]
         if plan.get("held"):
             got = self._already_held(model, ver, shard, into, t0)
             if got is not None:
                 return got
+            have = self._manifests.have(model, shard)
             plan = self._call("fetch", wid=wid, model=model, version=ver, shard=shard.to_wire(),
-                              group=list(group) if group else None, into_spec=spec)
+                              group=list(group) if group else None, into_spec=spec, have_manifests=list(have))
             fid = plan["fetch_id"]
             if plan.get("held"):
                 raise E.ProtocolError(f"the hub still lists {model!r} v{ver} {shard.key} as held here")
@@ -119,7 +121,7 @@ class Fetching:
                 return got
             raise E.ProtocolError(f"{model!r} v{ver} {shard.key} is held here but cannot be served from here")
         try:
-            manifest = Manifest.from_wire(plan["manifest"])
+            manifest = self._manifests.take(plan, have, model, shard)
             if into is not None:
                 cuda.check_into(manifest, into)
             dest_tensors = dict(into) if into is not None else allocate(manifest)
@@ -159,7 +161,8 @@ class Fetching:
                         # The hub restarted (or expired us) since it planned this fetch: plan it anew. The
                         # units already here stay; only missing ones are pulled (from whoever holds them now).
                         plan = self._call("fetch", wid=wid, model=model, version=ver, shard=shard.to_wire(),
-                                          group=None, into_spec=spec)
+                                          group=None, into_spec=spec,
+                                          have_manifests=list(self._manifests.have(model, shard)))
                         if plan.get("held"):
                             raise E.ProtocolError(f"the hub lists {model!r} v{ver} {shard.key} as held here "
                                                   "while this worker is still fetching it") from None

@@ -239,25 +239,31 @@ class HubServer:
                     manifest: Manifest, origin: bool = False):
         return self.state.register_replica(wid, model, version, shard, slot, manifest, origin=origin)
 
-    def op_fetch(self, ident, rid, wid: str, model: str, version, shard: Shard, group=None, into_spec=None):
+    def op_fetch(self, ident, rid, wid: str, model: str, version, shard: Shard, group=None, into_spec=None,
+                 have_manifests=None):
         t0 = time.perf_counter()
         plan = self.state.plan_fetch(wid, model, version, shard, group, into_spec)
-        return self._plan_reply(wid, plan, t0)
+        return self._plan_reply(wid, plan, t0, have_manifests)
 
     def op_replan(self, ident, rid, wid: str, fetch_id: str, failed: list, units: list):
-        t0 = time.perf_counter()
-        return self._plan_reply(wid, self.state.replan(wid, fetch_id, failed, units), t0)
+        t0 = time.perf_counter()  # the reader has the manifest since its fetch: a re-plan never resends it
+        return self._plan_reply(wid, self.state.replan(wid, fetch_id, failed, units), t0, with_manifest=False)
 
-    def _plan_reply(self, wid: str, plan, t0: float) -> "_Packed":
+    def _plan_reply(self, wid: str, plan, t0: float, have: frozenset | None = None,
+                    with_manifest: bool = True) -> "_Packed":
+        """The plan; its manifest's digest when the reader named the manifests it has (`have`), and the
+        manifest itself unless it is one of them (a reader without `have` always gets it)."""
         exp = time.time() + self.cfg.ticket_ttl_s
         key = self.state.workers[wid].endpoint["reader_key"]  # join checked it is there
+        packed, digest = self._manifest_bytes.entry(plan.manifest)
         out = _Packed(packed_map(
             {"fetch_id": plan.fetch_id, "version": plan.version, "held": plan.held,
              "sources": [{"replica": rep.id, "worker": w.id, "endpoint": w.endpoint,
                           "location": w.location.to_wire(), "units": units, "full": rep.full,
                           "ticket": self.signer.sign(Ticket(plan.fetch_id, wid, key, w.id, rep.id, exp))}
-                         for rep, w, units in plan.sources]},
-            {"manifest": self._manifest_bytes.get(plan.manifest)}))
+                         for rep, w, units in plan.sources],
+             **({} if have is None else {"manifest_digest": digest})},
+            {"manifest": packed} if with_manifest and (have is None or digest not in have) else {}))
         self.load.plan_done(time.perf_counter() - t0)
         return out
 

@@ -12,6 +12,7 @@ turn into a map and pack; a version's manifest is packed once and reused by ever
 """
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import OrderedDict, deque
 
@@ -49,22 +50,28 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 class ManifestBytes:
-    """Packed manifests by object (the entry holds the object, so its id is not reused while cached)."""
+    """Packed manifests and their digests by object (the entry holds the object, so its id is not
+    reused while cached). The digest (blake2b-128 of the packed bytes, hex) names the manifest in a
+    plan reply: a reader that already has it sends it back in `fetch`'s `have_manifests`."""
 
     def __init__(self, size: int = 16) -> None:
-        self._cache: OrderedDict[int, tuple[Manifest, bytes]] = OrderedDict()
+        self._cache: OrderedDict[int, tuple[Manifest, bytes, str]] = OrderedDict()
         self.size = size
 
     def get(self, m: Manifest) -> bytes:
+        return self.entry(m)[0]
+
+    def entry(self, m: Manifest) -> tuple[bytes, str]:
         hit = self._cache.get(id(m))
         if hit is not None and hit[0] is m:
             self._cache.move_to_end(id(m))
-            return hit[1]
+            return hit[1], hit[2]
         b = pack(m.to_wire())
-        self._cache[id(m)] = (m, b)
+        d = hashlib.blake2b(b, digest_size=16).hexdigest()
+        self._cache[id(m)] = (m, b, d)
         if len(self._cache) > self.size:
             self._cache.popitem(last=False)
-        return b
+        return b, d
 
 
 def packed_map(items: dict, raw: dict[str, bytes]) -> bytes:

@@ -106,6 +106,17 @@ def _list(item: Callable) -> Callable:
     return check
 
 
+MAX_DIGESTS = 64
+
+
+def _digests(v):
+    """Digests of the manifests a reader has (`fetch`'s `have_manifests`): a short list of hex strings."""
+    if not isinstance(v, list) or len(v) > MAX_DIGESTS or not all(
+            isinstance(d, str) and 0 < len(d) <= 64 and all(c in "0123456789abcdef" for c in d) for d in v):
+        raise Bad(f"must be a list of at most {MAX_DIGESTS} lowercase hex digests")
+    return frozenset(v)
+
+
 def _optional(check: Callable) -> Callable:
     return lambda v: None if v is None else check(v)
 
@@ -170,7 +181,8 @@ SPECS: dict[str, dict[str, tuple[Callable, bool]]] = {  # op -> argument -> (che
                  "origin": (_bool, False)},
     "fetch": {"wid": (_WID, True), "model": (_model, True), "version": (_version_or_latest, True),
               "shard": (_shard, True), "group": (_optional(_group), False),
-              "into_spec": (_optional(_into_spec), False)},
+              "into_spec": (_optional(_into_spec), False),
+              "have_manifests": (_optional(_digests), False)},
     "replan": {"wid": (_WID, True), "fetch_id": (_str, True), "failed": (_list(_str), True),
                "units": (_list(_int(0, 2**32)), True)},
     "delta_choose": {"wid": (_WID, True), "model": (_model, True), "version": (_version_or_latest, True),

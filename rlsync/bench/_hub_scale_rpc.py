@@ -152,10 +152,12 @@ class Heartbeat:
 
 
 class FetchCycle:
-    """fetch latest, then fetch_done(ok=False) of that plan: one plan per two RPCs, state unchanged."""
+    """fetch latest, then fetch_done(ok=False) of that plan: one plan per two RPCs, state unchanged.
+    Like a `HubClient`, each worker names the manifest it was sent (`have_manifests`): its first plan
+    carries the manifest, the later ones only its digest."""
 
     def __init__(self, d: Driver) -> None:
-        self.d, self.open, self.busy, self.plans = d, {}, set(), 0
+        self.d, self.open, self.busy, self.plans, self.have = d, {}, set(), 0, {}
 
     def __call__(self, i):
         if i in self.busy or not self.d.wids[i]:
@@ -164,12 +166,14 @@ class FetchCycle:
         w = self.d.wids[i]
         if i in self.open:
             return "fetch_done", {"wid": w, "fetch_id": self.open.pop(i), "ok": False}
-        return "fetch", {"wid": w, "model": MODEL, "version": "latest", "shard": [0, 0, 1, 1]}
+        return "fetch", {"wid": w, "model": MODEL, "version": "latest", "shard": [0, 0, 1, 1],
+                         "have_manifests": self.have.get(i, [])}
 
     def reply(self, i, msg) -> None:
         self.busy.discard(i)
         if msg.get("ok") and isinstance(msg["result"], dict) and msg["result"].get("fetch_id"):
             self.open[i] = msg["result"]["fetch_id"]
+            self.have[i] = [msg["result"]["manifest_digest"]]
             self.plans += 1
 
 
