@@ -200,8 +200,12 @@ def test_the_hub_keeps_no_forgotten_versions_manifest_alive_beyond_a_small_cache
 
     from rlsync.hub.manifest import Manifest
 
+    def manifests():  # every Manifest alive in this process (other tests' too: counted once, before)
+        gc.collect()
+        return sum(isinstance(o, Manifest) for o in gc.get_objects())
+
     s, w = state()
-    most = 0
+    most, before = 0, manifests()
     for v in range(1, 301):
         m = build_manifest({"w": torch.full((8,), float(v)), "b": torch.zeros(2)}, ManifestConfig())
         s.publish(w["t"], "p", v, Shard(), m)
@@ -213,7 +217,5 @@ def test_the_hub_keeps_no_forgotten_versions_manifest_alive_beyond_a_small_cache
             s.release(w["t"], "p", v - 1, Shard())
         del m
         if v % 10 == 0:  # the most alive at any time (a bounded cache may clear itself when full)
-            gc.collect()
-            alive = sum(isinstance(o, Manifest) for o in gc.get_objects()) - 3  # this module's M, MANY, M2
-            most = max(most, alive - len(s.models["p"].versions))
+            most = max(most, manifests() - before - len(s.models["p"].versions))
     assert most <= 16, f"{most} manifests of versions the hub no longer keeps were still alive"
