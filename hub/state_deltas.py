@@ -6,7 +6,6 @@ chain back from v to the reader's base and asks `delta_plan.choose`.
 """
 from __future__ import annotations
 
-from . import errors as E
 from .delta_plan import choose, delta_base, delta_model
 from .shard import Shard
 
@@ -16,25 +15,10 @@ class Deltas:
 
     def choose_update(self, wid: str, model: str, version, shard: Shard, base: int,
                       into_spec: list | None = None) -> dict:
-        from .state_fetches import check_into_spec
         reader = self.touch(wid)
         m = self.model(model)
-        if version == "latest":
-            if m.latest is None:
-                raise E.VersionNotFoundError(f"{model!r} has no committed version yet")
-            ver = m.latest
-        else:
-            vr = m.versions.get(version)
-            if vr is None or not vr.committed:
-                raise E.VersionNotFoundError(f"{model!r} v{version} is not a committed version it remembers "
-                                             f"(latest: {m.latest})")
-            ver = version
-        vr = m.versions[ver]
-        if vr.group != shard.group:
-            raise E.ShardError(f"{model!r} v{ver} has group tp×pp={vr.group}; reader asked {shard.group}")
-        manifest = vr.manifests[shard.key]
-        if into_spec is not None:
-            check_into_spec(manifest, into_spec)
+        ver = self.resolve_version(m, model, version)
+        manifest = self.shard_manifest(m, model, ver, shard, into_spec)
         out = {"version": ver, "manifest": manifest.to_wire(), "chain": [], "full_bytes": manifest.nbytes,
                "delta_bytes": 0, "est_full_s": 0.0, "est_delta_s": 0.0}
         if base == ver:

@@ -38,28 +38,9 @@ class Fetches:
                     raise E.VersionNotFoundError(f"{model!r} has no committed version yet")
                 pin = Pin(m.latest, gsize)
             ver = pin.version
-        elif version == "latest":
-            if m.latest is None:
-                raise E.VersionNotFoundError(f"{model!r} has no committed version yet")
-            ver = m.latest
-        elif isinstance(version, int) and not isinstance(version, bool):
-            vr = m.versions.get(version)
-            if vr is None and version < m.forgot_below:
-                raise E.VersionNotRetainedError(f"{model!r} v{version} is no longer retained: the hub keeps the "
-                                                f"newest {self.cfg.retention.retain_last + KEEP_OLD} versions "
-                                                "(and older ones still held or fetched)")
-            if vr is None or not vr.committed:
-                raise E.VersionNotFoundError(f"{model!r} v{version} was never committed "
-                                             f"(latest: {m.latest})")
-            ver = version
         else:
-            raise E.VersionError(f"version must be 'latest' or an int, got {version!r}")
-        vr = m.versions[ver]
-        if vr.group != shard.group:
-            raise E.ShardError(f"{model!r} v{ver} has group tp×pp={vr.group}; reader asked {shard.group}")
-        manifest = vr.manifests[shard.key]
-        if into_spec is not None:
-            check_into_spec(manifest, into_spec)
+            ver = self.resolve_version(m, model, version)
+        manifest = self.shard_manifest(m, model, ver, shard, into_spec)
         relay_id = ReplicaId(wid, model, ver, shard.key).wire
         stale = None
         if relay_id in self.replicas:
@@ -99,6 +80,33 @@ class Fetches:
                     [(self.replicas[rid], self.workers[self.replicas[rid].worker], units)
                      for rid, units in assignment.items()])
 
+
+    def resolve_version(self, m, model: str, version: int | str) -> int:
+        """The committed version `version` ('latest' or an int) names, or a typed error."""
+        if version == "latest":
+            if m.latest is None:
+                raise E.VersionNotFoundError(f"{model!r} has no committed version yet")
+            return m.latest
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise E.VersionError(f"version must be 'latest' or an int, got {version!r}")
+        vr = m.versions.get(version)
+        if vr is None and version < m.forgot_below:
+            raise E.VersionNotRetainedError(f"{model!r} v{version} is no longer retained: the hub keeps the "
+                                            f"newest {self.cfg.retention.retain_last + KEEP_OLD} versions "
+                                            "(and older ones still held or fetched)")
+        if vr is None or not vr.committed:
+            raise E.VersionNotFoundError(f"{model!r} v{version} was never committed (latest: {m.latest})")
+        return version
+
+    def shard_manifest(self, m, model: str, ver: int, shard: Shard, into_spec: list | None = None) -> Manifest:
+        """v`ver`'s manifest of `shard`, checked against the reader's group and its `into` tensors."""
+        vr = m.versions[ver]
+        if vr.group != shard.group:
+            raise E.ShardError(f"{model!r} v{ver} has group tp×pp={vr.group}; reader asked {shard.group}")
+        manifest = vr.manifests[shard.key]
+        if into_spec is not None:
+            check_into_spec(manifest, into_spec)
+        return manifest
     def _unit_sizes(self, manifest: Manifest) -> list[int]:
         """Every unit's size, computed once per manifest (a 1,000-unit list per plan showed in the herd)."""
         hit = self._sizes.get(id(manifest))
