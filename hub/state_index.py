@@ -180,7 +180,40 @@ class StateIndex:
                     return
 
 
-class ReplicaTable(dict):
+class _Watched(dict):
+    """A dict whose every write goes through `__setitem__`/`__delitem__` (the subclass reports them to
+    the index), including pop, setdefault, update, clear and popitem."""
+
+    _missing = object()
+
+    def pop(self, key, default=_missing):
+        if key in self:
+            v = dict.__getitem__(self, key)
+            del self[key]
+            return v
+        if default is _Watched._missing:
+            raise KeyError(key)
+        return default
+
+    def setdefault(self, key, default=None):
+        if key not in self:
+            self[key] = default
+        return dict.__getitem__(self, key)
+
+    def update(self, *a, **kw) -> None:
+        for k, v in dict(*a, **kw).items():
+            self[k] = v
+
+    def clear(self) -> None:
+        for k in list(self):
+            del self[k]
+
+    def popitem(self):
+        k = next(reversed(self))
+        return k, self.pop(k)
+
+
+class ReplicaTable(_Watched):
     """replica id -> ReplicaRec; every write also goes to the index."""
 
     def __init__(self, index: StateIndex) -> None:
@@ -202,34 +235,6 @@ class ReplicaTable(dict):
         r = self[rid]
         super().__delitem__(rid)
         self.index.replica_removed(rid, r)
-
-    _missing = object()
-
-    def pop(self, rid, default=_missing):
-        if rid in self:
-            r = self[rid]
-            del self[rid]
-            return r
-        if default is ReplicaTable._missing:
-            raise KeyError(rid)
-        return default
-
-    def setdefault(self, rid, default=None):
-        if rid not in self:
-            self[rid] = default
-        return self[rid]
-
-    def update(self, *a, **kw) -> None:
-        for k, v in dict(*a, **kw).items():
-            self[k] = v
-
-    def clear(self) -> None:
-        for k in list(self):
-            del self[k]
-
-    def popitem(self):
-        k = next(reversed(self))
-        return k, self.pop(k)
 
 
 class FetchTable(ReplicaTable):
@@ -256,7 +261,7 @@ class FetchTable(ReplicaTable):
         self.index.fetch_removed(fid, f)
 
 
-class SourceMap(dict):
+class SourceMap(_Watched):
     """A fetch's replica id -> unit list; adding or removing a replica id updates the index."""
 
     def __init__(self, index: StateIndex, fid: str, items) -> None:
@@ -272,27 +277,3 @@ class SourceMap(dict):
     def __delitem__(self, rid) -> None:
         super().__delitem__(rid)
         self.index.source_changed(self.fid, rid, False)
-
-    _missing = object()
-
-    def pop(self, rid, default=_missing):
-        if rid in self:
-            v = dict.__getitem__(self, rid)
-            del self[rid]
-            return v
-        if default is SourceMap._missing:
-            raise KeyError(rid)
-        return default
-
-    def setdefault(self, rid, default=None):
-        if rid not in self:
-            self[rid] = default
-        return dict.__getitem__(self, rid)
-
-    def update(self, *a, **kw) -> None:
-        for k, v in dict(*a, **kw).items():
-            self[k] = v
-
-    def clear(self) -> None:
-        for k in list(self):
-            del self[k]
