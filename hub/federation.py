@@ -1,0 +1,332 @@
+"""Federation: one hub per DC, one version history per model, each version crossing into a DC once.
+
+Design (docs/scale.md, "Federation"): every model has a *home* hub, the hub of the DC where its
+trainer publishes; only the home hub commits new versions of it (one writer: version numbers and
+manifests come from one journal). Every other DC runs its own ordinary hub and one `Gateway`:
+
+- the gateway is a client of the home hub, joined with a location in ITS DC, and a client of its
+  own DC's hub. It follows the home's `latest`; for a new version it fetches every shard from the
+  home DC once (a plan made by the home hub: the only bytes that cross the DC link), verifies it
+  unit by unit (the client does), and then publishes the identical manifest, as the same version
+  number, to its own hub: that publish is the version's commit in this DC (journaled there first).
+- readers in the DC know only their own hub, which plans every read inside the DC: from the
+  gateway's copy and relays of it. So a version crosses into the DC exactly once per gateway.
+- a DC's hub commits a version only when the gateway holds every unit of every shard (the hub's
+  own rule: a version commits when its whole tp x pp group is published), so it never serves a
+  torn or partial one; a peer DC's committed versions are always versions the home committed, with
+  the same bytes (the gateway refuses a version whose manifest it cannot reproduce exactly).
+- a DC whose hub (or gateway) is down stops receiving new versions; nothing else changes: the home
+  and the other DCs keep training and reading. When its hub returns, the gateway re-joins
+  (re-registering what it holds, as any client) and publishes the home's newest version: the DC
+  catches up. Versions the home committed and superseded meanwhile are skipped there (never visible
+  in that DC, never partly so): retention keeps only the newest ones anyway.
+
+What "agree" means, then: each DC's committed versions are a subset of the home's, in the same
+order, with identical manifests; the home's newest version reaches every DC whose hub and gateway
+are up; a commit is never visible in one DC and lost in another (it is in the home's journal before
+any peer sees it). A commit is NOT visible everywhere at one instant: a peer sees it one transfer
+later (a synchronous commit would let one DC's outage stop every other DC's training).
+
+    gw = Gateway(HubClient(home_addr, token=t0), HubClient(local_addr, token=t1), GatewayConfig(models=("policy",)))
+    gw.start(Location(dc="dc1", rack="gw", host="gw-host")); ...; gw.stop()
+    python -m rlsync.hub.federation --home tcp://10.0.0.1:5555 --home-token-file t0 \\
+        --local tcp://10.1.0.1:5555 --local-token-file t1 --dc dc1 --model policy --stats gw.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+from . import errors as E
+from .client import ClientConfig, FetchResult, HubClient
+from .location import Location
+from .manifest import build_manifest
+from .shard import Shard
+
+log = logging.getLogger("rlsync.hub.federation")
+
+
+@dataclass(kw_only=True, slots=True)
+class GatewayConfig:
+    models: tuple[str, ...] = ("policy",)
+    """The models this DC follows from their home hub (one home per gateway)."""
+    group: tuple[int, int] = (1, 1)
+    """(tp_size, pp_size) of the followed models: the gateway fetches and publishes every shard."""
+    poll_s: float = 0.05
+    """How often the gateway asks the home hub for `latest` (one small RPC per model)."""
+    retry_s: float = 1.0
+    """After a failure (a hub unreachable past the client's deadline), wait this long and try again."""
+
+    def shards(self) -> list[Shard]:
+        tp, pp = self.group
+        return [Shard(t, p, tp, pp) for p in range(pp) for t in range(tp)]
+
+
+@dataclass(slots=True)
+class Replicated:
+    """One version this gateway brought into its DC."""
+    model: str
+    version: int
+    nbytes: int
+    """Bytes of the version (all shards)."""
+    cross_bytes: int
+    """Bytes that crossed the DC link for it: everything the home-DC sources served to the gateway."""
+    bytes_by_source: dict
+    """Home hub's worker id -> bytes it served to this gateway (all shards)."""
+    fetch_s: float
+    publish_s: float
+    committed_at: float
+    """time.time() of the local commit."""
+
+
+@dataclass(slots=True)
+class GatewayStats:
+    replicated: list[Replicated] = field(default_factory=list)
+    skipped: list[tuple[str, int, str]] = field(default_factory=list)
+    """(model, version, why): versions the home committed that this DC will never see."""
+    failures: list[str] = field(default_factory=list)
+    home_wid: str | None = None
+    local_wid: str | None = None
+
+    def to_json(self) -> dict:
+        return {"home_wid": self.home_wid, "local_wid": self.local_wid,
+                "replicated": [dict(model=r.model, version=r.version, nbytes=r.nbytes, cross_bytes=r.cross_bytes,
+                                    bytes_by_source=r.bytes_by_source, fetch_s=round(r.fetch_s, 4),
+                                    publish_s=round(r.publish_s, 4), committed_at=r.committed_at)
+                               for r in self.replicated],
+                "skipped": [list(s) for s in self.skipped], "failures": self.failures[-20:]}
+
+
+@dataclass(slots=True)
+class _Pending:
+    version: int
+    results: dict
+    """shard key -> FetchResult (the tensors the gateway now holds)."""
+    published: list
+    """shard keys already published to this DC's hub."""
+    fetch_s: float
+
+
+class Gateway:
+    """One DC's door to the home hub of its followed models (the module docstring has the design)."""
+
+    def __init__(self, home: HubClient, local: HubClient, cfg: GatewayConfig | None = None,
+                 on_change=None) -> None:
+        self.home, self.local = home, local
+        self.cfg = cfg or GatewayConfig()
+        self.stats = GatewayStats()
+        self._on_change = on_change
+        self._held: dict[str, int] = {}
+        """model -> the version this gateway holds and committed in its DC."""
+        self._pending: dict[str, _Pending] = {}
+        """model -> a version fetched from the home, not yet committed here."""
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self, location: Location, name: str = "gateway") -> "Gateway":
+        self.stats.home_wid = self.home.join(location, f"{name}@{location.dc}")
+        self.stats.local_wid = self.local.join(location, name)
+        self._thread = threading.Thread(target=self._loop, name="rlsync-gateway", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, leave: bool = True) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+        if leave:
+            for c in (self.local, self.home):
+                try:
+                    c.leave()
+                except E.HubError as e:
+                    log.warning("gateway: leave failed: %s", e)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            wait = self.cfg.poll_s
+            for model in self.cfg.models:
+                try:
+                    self.step(model)
+                except E.HubError as e:  # a hub unreachable past the deadline, a version gone: try again
+                    self.stats.failures.append(f"{model}: {type(e).__name__}: {e}"[:300])
+                    log.warning("gateway: %s: %s: %s", model, type(e).__name__, e)
+                    wait = self.cfg.retry_s
+                    self._changed()
+            self._stop.wait(wait)
+
+    # ------------------------------------------------------------------ one step
+    def step(self, model: str) -> int | None:
+        """Bring the home's newest committed version of `model` into this DC if it is not here yet;
+        returns the version committed here by this step (None: nothing new)."""
+        pend = self._pending.get(model)
+        latest = self.home.latest(model)
+        if latest is None:
+            return None
+        if pend is not None and pend.version < latest and not pend.published:
+            self._skip(model, pend.version, f"superseded by v{latest} before it could commit here")
+            self._drop_pending(model)
+            pend = None
+        if pend is None:
+            if latest <= self._held.get(model, -1):
+                return None
+            here = self._local_latest(model)
+            if here is not None and latest <= here:  # committed here already (by an earlier gateway run)
+                return None
+            pend = self._fetch(model, latest)
+            if pend is None:
+                return None
+        return self._commit(model, pend)
+
+    def _local_latest(self, model: str) -> int | None:
+        try:
+            return self.local.latest(model)
+        except E.UnknownModelError:
+            return None
+
+    def _fetch(self, model: str, version: int) -> "_Pending | None":
+        t0 = time.monotonic()
+        got: dict[str, FetchResult] = {}
+        try:
+            for shard in self.cfg.shards():
+                got[shard.key] = self.home.fetch(model, version, shard=shard)
+        except (E.VersionNotRetainedError, E.VersionLostError, E.VersionNotFoundError) as e:
+            # The home moved on (or lost it) while we read: the next poll takes the newer version.
+            self._skip(model, version, f"{type(e).__name__}: {e}"[:200])
+            self._release_home(model, version, list(got))
+            return None
+        for key, r in got.items():  # publish builds the manifest again: it must be the home's, unit for unit
+            if build_manifest(r.tensors, self.local.cfg.manifest) != r.manifest:
+                self._skip(model, version, f"{key}: manifest differs from the home's (another ManifestConfig)")
+                self._release_home(model, version, list(got))
+                raise E.ManifestMismatchError(
+                    f"gateway: {model!r} v{version} {key}: this DC's ManifestConfig cuts other units than the "
+                    "home's; configure the gateway's client with the trainer's ManifestConfig")
+        pend = self._pending[model] = _Pending(version, got, [], time.monotonic() - t0)
+        return pend
+
+    def _commit(self, model: str, pend: "_Pending") -> int:
+        t0 = time.monotonic()
+        for shard in self.cfg.shards():
+            if shard.key not in pend.published:
+                self.local.publish(model, pend.version, pend.results[shard.key].tensors, shard)
+                pend.published.append(shard.key)  # (a HubUnavailableError above: the next step retries)
+        here = self._local_latest(model)
+        if here is None or here < pend.version:
+            raise E.HubError(f"gateway: {model!r} v{pend.version}: every shard published but not committed here "
+                             f"(this DC's hub says latest={here}): a hub restart lost part of the group")
+        by_source: dict[str, int] = {}
+        for r in pend.results.values():
+            for w, n in r.bytes_by_source.items():
+                by_source[w] = by_source.get(w, 0) + n
+        rec = Replicated(model, pend.version, sum(r.nbytes for r in pend.results.values()),
+                         sum(by_source.values()), by_source, pend.fetch_s, time.monotonic() - t0, time.time())
+        old = self._held.get(model)
+        self._held[model] = pend.version
+        del self._pending[model]
+        with self._lock:
+            self.stats.replicated.append(rec)
+        log.info("gateway: %s v%d committed in this DC (%d bytes crossed)", model, pend.version, rec.cross_bytes)
+        if old is not None:
+            self._release_later(model, old)
+        self._changed()
+        return pend.version
+
+    # ------------------------------------------------------------------ letting go
+    def _release_later(self, model: str, version: int) -> None:
+        """Release the previous version on both hubs in the background (a release waits for reads)."""
+        def run() -> None:
+            for c in (self.local, self.home):
+                for shard in self.cfg.shards():
+                    try:
+                        c.release(model, version, shard)
+                    except E.HubError as e:
+                        log.info("gateway: release of %s v%d %s: %s", model, version, shard.key, e)
+        threading.Thread(target=run, name="rlsync-gateway-release", daemon=True).start()
+
+    def _release_home(self, model: str, version: int, keys: list[str]) -> None:
+        for shard in self.cfg.shards():
+            if shard.key in keys:
+                try:
+                    self.home.release(model, version, shard)
+                except E.HubError as e:
+                    log.info("gateway: release of %s v%d on the home hub: %s", model, version, e)
+
+    def _drop_pending(self, model: str) -> None:
+        pend = self._pending.pop(model)
+        self._release_home(model, pend.version, list(pend.results))
+
+    def _skip(self, model: str, version: int, why: str) -> None:
+        with self._lock:
+            self.stats.skipped.append((model, version, why))
+        log.info("gateway: %s v%d skipped: %s", model, version, why)
+
+    def _changed(self) -> None:
+        if self._on_change is not None:
+            self._on_change(self)
+
+
+def _write_stats(path: str, gw: Gateway) -> None:
+    with gw._lock:
+        data = json.dumps(gw.stats.to_json())
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(data)
+    os.replace(tmp, path)  # readers see the old file or the new one, never half of one
+
+
+def main(argv: list[str] | None = None) -> int:
+    import signal
+
+    from .client_config import DataPlaneConfig
+    from .logs import setup_logging
+    from .manifest import ManifestConfig
+    p = argparse.ArgumentParser(prog="python -m rlsync.hub.federation",
+                                description="run one DC's federation gateway (follows models from their home hub)")
+    p.add_argument("--home", required=True, help="the home hub's address (the DC where the trainer publishes)")
+    p.add_argument("--home-token-file", required=True)
+    p.add_argument("--local", required=True, help="this DC's hub address")
+    p.add_argument("--local-token-file", required=True)
+    p.add_argument("--dc", required=True, help="this DC's label (the gateway's location on both hubs)")
+    p.add_argument("--rack", default="gateway")
+    p.add_argument("--host", default="", help="host label (default: this machine's hostname)")
+    p.add_argument("--bind", default="127.0.0.1", help="address the gateway's data-plane servers bind")
+    p.add_argument("--model", action="append", required=True, help="a model to follow (repeatable)")
+    p.add_argument("--group", default="1x1", help="tp_size x pp_size of the models (e.g. 2x1)")
+    p.add_argument("--chunk-mib", type=float, default=8.0, help="the trainer's ManifestConfig.chunk_bytes, MiB")
+    p.add_argument("--poll-s", type=float, default=0.05)
+    p.add_argument("--hub-deadline-s", type=float, default=10.0,
+                   help="how long one call waits for an unreachable hub before the gateway retries later")
+    p.add_argument("--transport", default=None)
+    p.add_argument("--stats", default=None, help="write the gateway's stats (JSON) here after every change")
+    a = p.parse_args(argv)
+    setup_logging()
+    tp, _, pp = a.group.partition("x")
+    cfg = ClientConfig(dataplane=DataPlaneConfig(host=a.bind), hub_deadline_s=a.hub_deadline_s,
+                       transport=a.transport, manifest=ManifestConfig(chunk_bytes=int(a.chunk_mib * (1 << 20))))
+    gw = Gateway(HubClient(a.home, token_file=a.home_token_file, config=cfg),
+                 HubClient(a.local, token_file=a.local_token_file, config=cfg),
+                 GatewayConfig(models=tuple(a.model), group=(int(tp), int(pp)), poll_s=a.poll_s),
+                 on_change=(lambda g: _write_stats(a.stats, g)) if a.stats else None)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    gw.start(Location(dc=a.dc, rack=a.rack, host=a.host))
+    if a.stats:
+        _write_stats(a.stats, gw)
+    print(f"rlsync gateway {gw.stats.local_wid} in {a.dc}: home {a.home} ({gw.stats.home_wid}), local {a.local}",
+          flush=True)
+    stop.wait()
+    gw.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
