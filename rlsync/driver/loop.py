@@ -32,6 +32,7 @@ Simplifies: a dead rollout worker is dropped from its pool (its prompts are lost
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import shutil
@@ -51,6 +52,7 @@ from rlsync.core.stall import now_ns
 from rlsync.driver.audit import PayloadAudit
 from rlsync.driver.checkpoint import CheckpointStore
 from rlsync.driver.staleness import SampleBuffer, StalenessBound, plan_request
+from rlsync.driver.teardown import run_all
 from rlsync.pools.attach import ray_connect_hint
 from rlsync.pools.pool_set import PoolSet
 from rlsync.telemetry.loggers import make_logger
@@ -143,15 +145,13 @@ class Driver:
             except Exception as e:  # noqa: BLE001 - shutting down anyway
                 log.warning("weight channel: %s", e)
         # Start-up cut short (Ctrl-C): workers still importing have nothing to hand off; do not wait 10 s on each.
-        for group in (getattr(self, "pools", None), getattr(self, "trainers", None)):
-            if group is not None:
-                group.shutdown(timeout_s=10.0 if self.looping else 1.0)
-        if getattr(self, "_stats_client", None) is not None:
-            self._stats_client.close()
-        if getattr(self, "hub", None) is not None:
-            self.hub.stop()
-        if getattr(self, "_hub_tmp", None) is not None:
-            shutil.rmtree(self._hub_tmp, ignore_errors=True)
+        grace = 10.0 if self.looping else 1.0
+        groups = [g for g in (getattr(self, "pools", None), getattr(self, "trainers", None)) if g is not None]
+        closers = [o for o in (getattr(self, "_stats_client", None),) if o is not None]
+        tmp = getattr(self, "_hub_tmp", None)
+        run_all([functools.partial(g.shutdown, timeout_s=grace) for g in groups] + [o.close for o in closers]
+                + ([self.hub.stop] if getattr(self, "hub", None) is not None else [])
+                + ([functools.partial(shutil.rmtree, tmp, ignore_errors=True)] if tmp is not None else []))
 
     def _write_memory(self) -> None:
         """Peak RSS of every live worker to <run dir>/memory.json (docs/real_model.md: copies per worker)."""
