@@ -41,6 +41,17 @@ def test_spec_parsing_and_validation():
     with pytest.raises(ValueError):
         TopologySpec.from_yaml("subnet: 8.8.0.0/16\ndcs: {dc0: {r0: [a]}}")
 
+def _assert_shaped(topo, src: str, dst: str, nbytes: int, rate: float) -> None:
+    """No probe ever beats the shaped rate (+5%), and the link's capacity — the best of up to 3 probes,
+    since a CPU-starved sender or sink on a loaded machine can only go slower — reaches 75% of it."""
+    probes = []
+    for _ in range(3):
+        probes.append(measure_rate(topo, src, dst, nbytes))
+        assert probes[-1] < 1.05 * rate, (src, dst, probes)
+        if probes[-1] > 0.75 * rate:
+            break
+    assert max(probes) > 0.75 * rate, (src, dst, probes)
+
 
 @needs_root
 def test_build_shape_teardown_and_no_leak():
@@ -54,11 +65,10 @@ def test_build_shape_teardown_and_no_leak():
         root_addrs = subprocess.run(["ip", "-o", "addr"], capture_output=True, text=True).stdout
         assert "10.77." not in root_addrs
         # Host NIC shaping, same DC (a -> c crosses racks: NIC-limited): 80 Mbit/s, TCP goodput ~95%.
-        bps = measure_rate(topo, "a", "c", 4_000_000)
-        assert 0.75 * 80e6 < bps < 1.05 * 80e6, bps
+        _assert_shaped(topo, "a", "c", 4_000_000, 80e6)
         # The DC link (20 Mbit/s) limits a -> d; and the reverse direction is shaped too.
-        assert 0.75 * 20e6 < measure_rate(topo, "a", "d", 1_500_000) < 1.05 * 20e6
-        assert 0.75 * 20e6 < measure_rate(topo, "d", "b", 1_500_000) < 1.05 * 20e6
+        _assert_shaped(topo, "a", "d", 1_500_000, 20e6)
+        _assert_shaped(topo, "d", "b", 1_500_000, 20e6)
         # A host cannot reach the outside world: its only route is the emulated subnet.
         r = topo.run("a", ["ip", "route"])
         assert r.stdout.strip().splitlines() == [line for line in r.stdout.strip().splitlines()
