@@ -28,9 +28,10 @@ import torch
 from . import delta as D
 from . import errors as E
 from .client_fetch import FetchResult, _check_tensors
-from .delta_plan import delta_base, delta_model, tensor_name
-from .manifest import Manifest, allocate, byte_view, dtype_name
+from .delta_plan import delta_base, delta_model, from_compact_wire, tensor_name
+from .manifest import Manifest, Unit, allocate, byte_view, dtype_name, wire_digest
 from .replica_id import ReplicaId
+from .rpc import pack
 from .shard import Shard
 from .store import LocalReplica
 from .wire_args import check_coords as _check_coords
@@ -122,11 +123,11 @@ class DeltaSync:
             r = self.fetch(model, ch["version"], into=into, shard=shard)
             r.mode = "held" if ch["mode"] == "held" else "full"
             return r
-        manifest = Manifest.from_wire(ch["manifest"])
         lap("choose")
         try:
-            frames, per_source, used, moved = self._pull_chain(model, shard, base.version, ch["chain"])
+            frames, per_source, used, moved = self._pull_chain(model, shard, base.version, ch["chain"], ch.get("plan"))
             lap("pull")
+            manifest = _target_manifest(base.rep.manifest, frames[-1], ch["manifest_digest"])
             result = self._decode_chain(base.rep, manifest, frames)
             lap("decode")
         except E.HubError as e:
@@ -163,11 +164,15 @@ class DeltaSync:
                 return _Held(v, rep)
         return None
 
-    def _pull_chain(self, model: str, shard: Shard, base: int, chain: list[int]):
-        """Fetch each delta of the chain (this worker then holds and serves them); their frames in order."""
+    def _pull_chain(self, model: str, shard: Shard, base: int, chain: list[int], plan: dict | None = None):
+        """Fetch each delta of the chain (this worker then holds and serves them); their frames in order.
+        `plan`: the first delta's plan, sent with the hub's choice (its manifest in compact form)."""
         frames, per_source, used, moved = [], {}, {}, 0
+        if plan is not None:
+            plan = {k: v for k, v in plan.items() if k != "compact_manifest"} | \
+                {"manifest": from_compact_wire(plan.get("compact_manifest") or {})}
         for dv in chain:
-            r = self.fetch(delta_model(model), dv, shard=shard)
+            r = self.fetch(delta_model(model), dv, shard=shard, _plan=plan if dv == chain[0] else None)
             if delta_base(r.manifest) != base:
                 raise E.DeltaError(f"delta v{dv} of {model!r} is from v{delta_base(r.manifest)}, not v{base}")
             n = len(r.manifest.tensors)
@@ -215,6 +220,18 @@ class DeltaSync:
                     self.release(dm, v, shard)
                 except E.HubError as e:
                     log.warning("releasing old delta %s v%d: %s", dm, v, e)
+
+
+def _target_manifest(held: Manifest, last: list, digest: str) -> Manifest:
+    """v's manifest: the held version's layout with the unit checksums the last delta's frames aim at,
+    accepted only if it is the manifest the hub named (`digest`): the hub need not send it."""
+    if len(last) != len(held.units):
+        raise E.DeltaError(f"the delta has {len(last)} frames; the held version has {len(held.units)} units")
+    units = tuple(Unit(u.segments, u.nbytes, D.frame_info(f)[4]) for u, f in zip(held.units, last))
+    m = Manifest(held.tensors, units, held.nbytes)
+    if wire_digest(pack(m.to_wire())) != digest:
+        raise E.DeltaError("the delta's target is not the version the hub chose (manifest digest differs)")
+    return m
 
 
 @dataclass(slots=True)

@@ -74,7 +74,7 @@ class Fetching:
 
     def fetch(self, model: str, version: int | str = "latest", into: dict[str, torch.Tensor] | None = None,
               shard: Shard = Shard(), group: tuple[str, int] | None = None,
-              on_unit: Callable[[Manifest, int], None] | None = None) -> FetchResult:
+              on_unit: Callable[[Manifest, int], None] | None = None, _plan: dict | None = None) -> FetchResult:
         """Pull (model, version, shard) from peers per the hub's plan; verify every unit.
 
         `version` is 'latest' or a committed version number; `group=(name, size)` pins a reader group
@@ -82,7 +82,7 @@ class Fetching:
         this worker is a full replica and serves the version to others until it releases it.
         `on_unit(manifest, u)` is called from transfer threads once unit `u` has landed and verified
         (to consume tensors while the rest still arrive); a fetch of a version already held calls it
-        for no unit.
+        for no unit. `_plan`: a plan the hub already sent (with its manifest), from `delta_choose`.
         """
         wid = self._need_join()
         _check_coords("fetch", model, version, shard)
@@ -95,9 +95,9 @@ class Fetching:
         dp = self.cfg.dataplane
         measured(self.cfg.transport, dp.streams, dp.zero_copy_send)  # before the plan: its tickets expire soon
         t0 = time.monotonic()
-        have = self._manifests.have(model, shard)  # the hub leaves these out of the plan
-        plan = self._call("fetch", wid=wid, model=model, version=version, shard=shard.to_wire(),
-                          group=list(group) if group else None, into_spec=spec, have_manifests=list(have))
+        have = self._manifests.have(model, shard) if _plan is None else {}  # the hub leaves these out
+        plan = _plan or self._call("fetch", wid=wid, model=model, version=version, shard=shard.to_wire(),
+                                   group=list(group) if group else None, into_spec=spec, have_manifests=list(have))
         fid, ver = plan["fetch_id"], plan["version"]
         if plan.get("held"):
             got = self._already_held(model, ver, shard, into, t0)

@@ -15,6 +15,7 @@ The hub never sees tensor bytes: only this metadata crosses the control plane.
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable
 
@@ -175,6 +176,12 @@ class Manifest:
             if h.intdigest() != unit.checksum:
                 bad.append(u)
         return bad
+
+
+def wire_digest(packed: bytes) -> str:
+    """How a plan names a manifest: blake2b-128 (hex) of its msgpack wire bytes (`pack(m.to_wire())`)."""
+    return hashlib.blake2b(packed, digest_size=16).hexdigest()
+
 
 def unit_checksum(views: list[memoryview], unit: Unit) -> int:
     h = xxhash.xxh3_64()

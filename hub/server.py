@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import zmq
 
 from . import errors as E
+from .delta_plan import compact_wire, delta_model
 from .journal import Journal
 from .known_manifests import KnownManifests
 from .location import Location
@@ -253,22 +254,38 @@ class HubServer:
                     with_manifest: bool = True) -> "_Packed":
         """The plan; its manifest's digest when the reader named the manifests it has (`have`), and the
         manifest itself unless it is one of them (a reader without `have` always gets it)."""
-        exp = time.time() + self.cfg.ticket_ttl_s
-        key = self.state.workers[wid].endpoint["reader_key"]  # join checked it is there
         packed, digest = self._manifest_bytes.entry(plan.manifest)
         out = _Packed(packed_map(
-            {"fetch_id": plan.fetch_id, "version": plan.version, "held": plan.held,
-             "sources": [{"replica": rep.id, "worker": w.id, "endpoint": w.endpoint,
-                          "location": w.location.to_wire(), "units": units, "full": rep.full,
-                          "ticket": self.signer.sign(Ticket(plan.fetch_id, wid, key, w.id, rep.id, exp))}
-                         for rep, w, units in plan.sources],
-             **({} if have is None else {"manifest_digest": digest})},
+            self._plan_fields(wid, plan) | ({} if have is None else {"manifest_digest": digest}),
             {"manifest": packed} if with_manifest and (have is None or digest not in have) else {}))
         self.load.plan_done(time.perf_counter() - t0)
         return out
 
+    def _plan_fields(self, wid: str, plan) -> dict:
+        exp = time.time() + self.cfg.ticket_ttl_s
+        key = self.state.workers[wid].endpoint["reader_key"]  # join checked it is there
+        return {"fetch_id": plan.fetch_id, "version": plan.version, "held": plan.held,
+                "sources": [{"replica": rep.id, "worker": w.id, "endpoint": w.endpoint,
+                             "location": w.location.to_wire(), "units": units, "full": rep.full,
+                             "ticket": self.signer.sign(Ticket(plan.fetch_id, wid, key, w.id, rep.id, exp))}
+                            for rep, w, units in plan.sources]}
+
     def op_delta_choose(self, ident, rid, wid: str, model: str, version, shard: Shard, base: int, into_spec=None):
-        return self.state.choose_update(wid, model, version, shard, base, into_spec)
+        """Full or a delta chain; for a chain, v's manifest by digest (the reader rebuilds it from the
+        layout it holds and the checksums in the last delta's frames) and the plan of the chain's first
+        delta (manifest in `delta_plan.compact_wire`): one round trip across the link, not two."""
+        t0 = time.perf_counter()
+        out = self.state.choose_update(wid, model, version, shard, base, into_spec)
+        out["manifest_digest"] = self._manifest_bytes.entry(out.pop("manifest"))[1]
+        if out["mode"] == "delta":
+            try:
+                plan = self.state.plan_fetch(wid, delta_model(model), out["chain"][0], shard)
+            except E.HubError:  # e.g. no holder right now: the reader's own fetch parks / re-plans it
+                return out
+            if not plan.held:
+                out["plan"] = self._plan_fields(wid, plan) | {"compact_manifest": compact_wire(plan.manifest)}
+                self.load.plan_done(time.perf_counter() - t0)
+        return out
 
     def op_fetch_done(self, ident, rid, wid: str, fetch_id: str, ok: bool):
         self.state.fetch_done(wid, fetch_id, ok)

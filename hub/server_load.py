@@ -12,11 +12,10 @@ turn into a map and pack; a version's manifest is packed once and reused by ever
 """
 from __future__ import annotations
 
-import hashlib
 import time
 from collections import OrderedDict, deque
 
-from .manifest import Manifest
+from .manifest import Manifest, wire_digest
 from .rpc import pack
 
 
@@ -67,7 +66,7 @@ class ManifestBytes:
             self._cache.move_to_end(id(m))
             return hit[1], hit[2]
         b = pack(m.to_wire())
-        d = hashlib.blake2b(b, digest_size=16).hexdigest()
+        d = wire_digest(b)
         self._cache[id(m)] = (m, b, d)
         if len(self._cache) > self.size:
             self._cache.popitem(last=False)

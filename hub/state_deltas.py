@@ -19,7 +19,9 @@ class Deltas:
         m = self.model(model)
         ver = self.resolve_version(m, model, version)
         manifest = self.shard_manifest(m, model, ver, shard, into_spec)
-        out = {"version": ver, "manifest": manifest.to_wire(), "chain": [], "full_bytes": manifest.nbytes,
+        # "manifest": the object; the server sends its digest (the reader holds the layout and takes the
+        # checksums from the delta's frames) or, for a full fetch, nothing (the plan carries it)
+        out = {"version": ver, "manifest": manifest, "chain": [], "full_bytes": manifest.nbytes,
                "delta_bytes": 0, "est_full_s": 0.0, "est_delta_s": 0.0}
         if base == ver:
             return out | {"mode": "held"}

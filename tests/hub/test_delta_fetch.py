@@ -13,7 +13,7 @@ from rlsync.hub import delta as D
 from rlsync.hub import errors as E
 from rlsync.hub.dataplane import DataPlaneConfig
 from rlsync.hub.delta_plan import DeltaConfig, delta_model, tensor_name
-from rlsync.hub.manifest import byte_view
+from rlsync.hub.manifest import build_manifest, byte_view
 from rlsync.hub.procs import WorkerProcess, close_all
 from rlsync.hub.server import start_embedded_hub
 from rlsync.hub.shard import Shard
@@ -173,6 +173,44 @@ def test_a_delta_that_does_not_apply_fails_typed_and_keeps_the_held_version(clus
     assert same(other.fetch("policy", 1).tensors, before)
     got = r.fetch_delta("policy", 2, into=buf, fallback=True)  # fallback: v2 in full, exact
     assert got.mode == "full" and not got.manifest.verify(buf)
+
+
+@pytest.mark.parametrize("cluster", ["always"], indirect=True)
+def test_one_round_trip_plans_the_delta_and_a_delta_aimed_elsewhere_is_refused(cluster):
+    """The choice carries the first delta's plan and only v's manifest digest (the reader rebuilds v's
+    manifest from its layout and the frames' target checksums); frames aimed at other bytes than the
+    version the hub chose fail typed, nothing torn."""
+    hub, make = cluster
+    tr = Trainer(make(dc="dc0", host="t"))
+    r = make(dc="dc1", host="r")
+    tr.step()
+    buf = r.fetch("policy").tensors
+    v = tr.step()
+    ops, call = [], r._call
+    r._call = lambda op, **kw: ops.append(op) or call(op, **kw)
+    got = r.fetch_delta("policy", into=buf)
+    assert got.mode == "delta" and same(buf, tr.snap[v]) and got.manifest == tr.c.store.get(
+        f"{tr.c.worker_id}:policy:{v}:tp0-pp0:live").manifest
+    assert ops[0] == "delta_choose" and "fetch" not in ops   # the delta's plan came with the choice
+    # Fault: a publisher bug — v3's delta object decodes to other bytes than the published v3.
+    tr.c.release("policy", v)
+    new = real_like_step(tr.live, v)
+    for n, x in tr.live.items():
+        x.copy_(new[n])
+    tr.c.publish("policy", v + 1, tr.live)
+    m_pub = tr.c.store.get(f"{tr.c.worker_id}:policy:{v + 1}:tp0-pp0:live").manifest
+    other = {n: x.clone() for n, x in tr.live.items()}
+    next(iter(other.values())).view(torch.uint8)[0] ^= 1
+    m_other = build_manifest(other, CFG.manifest)
+    assert m_other.layout_key() == m_pub.layout_key() and m_other != m_pub
+    frames = D.encode(got.manifest, [byte_view(tr.snap[v][s.name]) for s in got.manifest.tensors], m_other,
+                      [byte_view(other[s.name]) for s in m_other.tensors])
+    tr.c.publish(delta_model("policy"), v + 1, {tensor_name(v, i): torch.frombuffer(bytearray(f), dtype=torch.uint8)
+                                               for i, f in enumerate(frames)})
+    before = {n: x.clone() for n, x in buf.items()}
+    with pytest.raises(E.DeltaError, match="digest"):
+        r.fetch_delta("policy", into=buf)
+    assert same(buf, before) and ("policy", v) in {(x.model, x.version) for x in r.held_ids()}
 
 
 def test_a_delta_source_killed_mid_transfer_is_replanned(wait_until):
