@@ -13,7 +13,7 @@ import torch
 
 from . import errors as E
 from .client_fetch import _check_tensors
-from .manifest import build_manifest
+from .manifest import ManifestConfig, build_manifest
 from .replica_id import ReplicaId
 from .shard import Shard
 from .store import LocalReplica
@@ -27,11 +27,13 @@ class Publishing:
     """Publish and release (with offload-seeding and re-registration)."""
 
     def publish(self, model: str, version: int, tensors: dict[str, torch.Tensor],
-                shard: Shard = Shard()) -> bool:
+                shard: Shard = Shard(), manifest_config: ManifestConfig | None = None) -> bool:
         """Register live `tensors` as version `version` of `model` (this shard). No copy.
 
         Returns True when this publish completed the version's shard group (it is now `latest`).
         The tensors must not change until `release(model, version, shard)` returns.
+        `manifest_config` cuts this shard's transfer units (default: the client's `cfg.manifest`);
+        e.g. a sharded publish cuts small units so slice readers fetch only the units they need.
         """
         wid = self._need_join()
         _check_coords("publish", model, version, shard)
@@ -39,10 +41,11 @@ class Publishing:
         rid = ReplicaId(wid, model, version, shard.key).wire
         if rid in self._held:
             raise E.VersionError(f"{model!r} v{version} {shard.key} already published by this worker")
+        mcfg = manifest_config or self.cfg.manifest
         if any(t.device.type == "cuda" for t in tensors.values()):
-            local = cuda.DeviceReplica.for_publish(rid, tensors, self.cfg.manifest)  # pinned host mirror
+            local = cuda.DeviceReplica.for_publish(rid, tensors, mcfg)  # pinned host mirror
         else:
-            local = LocalReplica(rid, build_manifest(tensors, self.cfg.manifest), dict(tensors), full=True)
+            local = LocalReplica(rid, build_manifest(tensors, mcfg), dict(tensors), full=True)
         manifest = local.manifest
         self.store.add(local)
         try:

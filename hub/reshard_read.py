@@ -14,20 +14,25 @@ expects and refuses a mismatch (ManifestMismatchError).
 Whole-tensor reads land each source shard straight in the reader's tensors: the fetch's buffers are
 views of the destination at the piece's flat range, so no byte is staged or copied after the
 transfer, and the reader then serves those shards to other readers of any layout. Slice reads
-(TP blocks, fused qkv) fetch only the shards that hold their ranges, each into one reusable
-scratch set (one shard's worth, not the model), and copy the planned runs out of it (one strided
-copy per column block of a piece).
-Simplifies: a slice read moves the whole of each shard it needs, not only its ranges (the hub's
-fetch is per shard); the runs are copied by torch, not landed strided by the data plane.
+(TP blocks, fused qkv) move only the transfer units that overlap their ranges (a partial fetch,
+hub/client_partial.py: each unit verified against its own checksum), from the shards that hold
+them, into one reusable scratch set (one shard's worth, not the model), and copy the planned runs
+out of it (one strided copy per column block of a piece). A sharded publish cuts its shard into
+small units (`SHARD_UNITS`, 1 MiB) so that a slice's ranges cost little more than themselves.
+Simplifies: a unit is the smallest verifiable range, so a column block (half of every row) still
+moves the whole of each unit it touches, i.e. the whole tensor; the runs are copied by torch, not
+landed strided by the data plane; a slice reader is not a relay (it holds part of a shard).
 """
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
 
 import torch
 
+from .client_partial import fetch_units
 from .errors import BufferMismatchError, ManifestMismatchError
-from .manifest import dtype_from_name, dtype_name
+from .manifest import ITEMSIZE, Manifest, ManifestConfig, dtype_from_name, dtype_name
 from .reshard import LAYOUT_TENSOR, Dest, ShardedLayout, parse_record, plan, record
 from .shard import Shard
 
@@ -51,9 +56,15 @@ def shard_tensors(layout: ShardedLayout, rank: int, live: dict[str, torch.Tensor
     return out
 
 
+SHARD_UNITS = ManifestConfig(chunk_bytes=1 << 20, pack_below=64 << 10, pack_bytes=1 << 20)
+"""Transfer units of a sharded publish: 1 MiB (not the 8 MiB default), small tensors packed only up
+to 1 MiB, so a slice reader's partial fetch moves little beyond its ranges."""
+
+
 def publish_shard(hub, model: str, version: int, layout: ShardedLayout, rank: int,
-                  live: dict[str, torch.Tensor]) -> None:
-    hub.publish(model, version, shard_tensors(layout, rank, live), shard=zero_shard(rank, layout.world))
+                  live: dict[str, torch.Tensor], units: ManifestConfig = SHARD_UNITS) -> None:
+    hub.publish(model, version, shard_tensors(layout, rank, live), shard=zero_shard(rank, layout.world),
+                manifest_config=units)
 
 
 @dataclass(slots=True)
@@ -74,9 +85,16 @@ class ReshardReader:
         self._records = {r: torch.empty(len(record(layout, r)), dtype=torch.uint8) for r in range(layout.world)}
         self._scratch: dict[str, torch.Tensor] | None = None
 
-    def _fetch(self, rank: int, version, into: dict[str, torch.Tensor], acc: dict[str, int]) -> int:
+    def _fetch(self, rank: int, version, into: dict[str, torch.Tensor], acc: dict[str, int],
+               runs: dict[str, list[tuple[int, int]]] | None = None) -> int:
+        """Fetch shard `rank` into `into`: whole, or (with `runs`: tensor -> sorted element ranges)
+        only the units overlapping those ranges and the layout record."""
         into = {**into, LAYOUT_TENSOR: self._records[rank]}
-        res = self.hub.fetch(self.model, version, into=into, shard=zero_shard(rank, self.layout.world))
+        shard = zero_shard(rank, self.layout.world)
+        if runs is None:
+            res = self.hub.fetch(self.model, version, into=into, shard=shard)
+        else:
+            res = fetch_units(self.hub, self.model, version, shard, into, lambda m: _units_for(m, runs))
         for w, n in res.bytes_by_source.items():
             acc[w] = acc.get(w, 0) + n
         kind, world, r, pieces = parse_record(self._records[rank].numpy().tobytes())
@@ -115,13 +133,55 @@ class ReshardReader:
         ranks = p.ranks()
         for r in ranks:
             views = {q.name: self._scratch[q.name][:q.length] for q in self.layout.ranks[r]}
-            version = self._fetch(r, version, views, acc)
+            version = self._fetch(r, version, views, acc, _runs([c for c in p.copies if c.rank == r]))
             for c in p.copies:
                 if c.rank == r:
                     _copy(c, views[c.src], into[c.dst].view(-1))
         if not ranks:
             raise ValueError("nothing to read: every destination is empty")
         return ReshardResult(int(version), into, acc, ranks)
+
+
+def _runs(copies) -> dict[str, list[tuple[int, int]]]:
+    """Source tensor -> sorted, merged [start, end) element ranges the copies read."""
+    out: dict[str, list[tuple[int, int]]] = {}
+    for c in copies:
+        out.setdefault(c.src, []).extend((c.src_off + i * c.src_stride, c.src_off + i * c.src_stride + c.n)
+                                         for i in range(c.count))
+    for name, rs in out.items():
+        rs.sort()
+        merged = [rs[0]]
+        for a, b in rs[1:]:
+            if a <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+            else:
+                merged.append((a, b))
+        out[name] = merged
+    return out
+
+
+def _units_for(m: Manifest, runs: dict[str, list[tuple[int, int]]]) -> list[int]:
+    """Units of `m` holding any byte of `runs` (elements), and every unit of the layout record."""
+    spans = {}
+    for s in m.tensors:
+        rs = runs.get(s.name)
+        if rs:
+            k = ITEMSIZE[s.dtype]
+            spans[s.name] = ([a * k for a, _ in rs], [b * k for _, b in rs])
+    out = []
+    for u, unit in enumerate(m.units):
+        for ti, off, ln in unit.segments:
+            name = m.tensors[ti].name
+            if name == LAYOUT_TENSOR:
+                out.append(u)
+                break
+            if name in spans:
+                starts, ends = spans[name]
+                i = bisect_right(starts, off + ln - 1) - 1  # the last range starting inside or before
+                if i >= 0 and ends[i] > off:
+                    out.append(u)
+                    break
+    return out
 
 
 def _copy(c, src: torch.Tensor, dst: torch.Tensor) -> None:

@@ -127,3 +127,44 @@ def test_a_reader_with_another_layout_is_refused(make_client):
     other = zero3_layout({**specs(t), "odd": ((7,), "float16")}, 2)  # same sizes, another dtype
     with pytest.raises(E.HubError):
         ReshardReader(make_client(name="r"), "policy", other).read_whole(1)
+
+
+def test_a_tp_reader_moves_only_the_units_of_its_ranges(make_client):
+    """With 16-byte units (every half row of `o` is one unit) a TP=2 reader moves only the units that
+    hold its slices: counted here independently of the planner, from masks of the full tensors."""
+    from rlsync.hub.manifest import ManifestConfig
+
+    t = model(5)
+    lay = zero3_layout(specs(t), 2)
+    ranks = [make_client(name=f"trainer{r}") for r in range(2)]
+    tiny = ManifestConfig(chunk_bytes=16, pack_below=0, pack_bytes=16)
+    for r in range(2):
+        publish_shard(ranks[r], "policy", 1, lay, r, partitions(t, 2, r), units=tiny)
+    whole_bytes = sum(p.length * t[p.name].element_size() for r in range(2) for p in lay.ranks[r])
+    for k in range(2):
+        dests = [Dest("qkv", (Slice("q", 0, k, 2), Slice("k", 0, k, 2), Slice("v", 0, k, 2))),
+                 Dest.of(Slice("o", 1, k, 2)), Dest.of(Slice("odd"))]
+        got = ReshardReader(make_client(name=f"tp{k}"), "policy", lay).read(1, dests)
+        qkv = torch.cat([t[n].chunk(2, 0)[k] for n in ("q", "k", "v")])
+        assert exact(got.tensors["qkv"], qkv) and exact(got.tensors["o"], t["o"].chunk(2, 1)[k].contiguous())
+        assert exact(got.tensors["odd"], t["odd"])
+        masks = {n: torch.zeros(t[n].shape, dtype=torch.bool) for n in ("q", "k", "v", "o", "odd")}
+        for n in ("q", "k", "v"):
+            masks[n].chunk(2, 0)[k].fill_(True)
+        masks["o"].chunk(2, 1)[k].fill_(True)
+        masks["odd"].fill_(True)
+        want, data = {}, 0
+        for r in range(2):  # bytes of every 16-byte unit of rank r's pieces that holds a needed element
+            n_bytes = len(record(lay, r))  # the layout record always moves
+            for p in lay.ranks[r]:
+                if p.name not in masks or not p.length:
+                    continue
+                size = t[p.name].element_size()
+                need = masks[p.name].reshape(-1)[p.start:p.start + p.length]
+                for off in range(0, p.length * size, 16):
+                    ln = min(16, p.length * size - off)
+                    if need[off // size:(off + ln) // size].any():
+                        n_bytes, data = n_bytes + ln, data + ln
+            want[ranks[r].worker_id] = n_bytes
+        assert got.bytes_by_source == want
+        assert data < 0.6 * whole_bytes  # about half the model's bytes (odd is read whole), not all of it
