@@ -4,6 +4,7 @@
     python -m rlsync.sim validate --measure --json F                  # re-run the benchmarks first (root, heavy)
     python -m rlsync.sim paper --json outputs/sim/paper.json          # 1T model, 1,024 engines, 4 DCs
     python -m rlsync.sim paper --set engines=256 --only standalone    # any assumption changed
+    python -m rlsync.sim federation --json outputs/sim/federation.json # 10 DCs: one hub vs a hub per DC
 """
 from __future__ import annotations
 
@@ -27,10 +28,29 @@ def main(argv: list[str]) -> int:
     pa.add_argument("--json", type=Path)
     pa.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="change an assumption")
     pa.add_argument("--only", action="append", choices=["standalone", "elastic", "crossdc"])
+    fe = sub.add_parser("federation", help="one cross-DC update over 10 DCs: one hub vs a hub per DC")
+    fe.add_argument("--json", type=Path)
+    fe.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="change a paper assumption (dcs=10 unless set)")
+    fe.add_argument("--poll-ms", type=float, default=50.0, help="the gateways' poll of the home hub's latest")
     a = p.parse_args(argv)
     if a.cmd == "validate":
         return _validate(a)
+    if a.cmd == "federation":
+        return _federation(a)
     return _paper(a)
+
+
+def _federation(a) -> int:
+    from . import federation as F
+    from .paper import parse_set
+    setup = parse_set(["dcs=10", *a.set])
+    t0 = time.monotonic()
+    res = F.run(setup, a.poll_ms)
+    res["elapsed_s"] = round(time.monotonic() - t0, 1)
+    F.print_federation(res)
+    _write(a.json, res)
+    return 0
 
 
 def _validate(a) -> int:
