@@ -107,13 +107,15 @@ class Fetches:
         if into_spec is not None:
             check_into_spec(manifest, into_spec)
         return manifest
-    def _unit_sizes(self, manifest: Manifest) -> list[int]:
-        """Every unit's size, computed once per manifest (a 1,000-unit list per plan showed in the herd)."""
+
+    def _unit_sizes(self, manifest: Manifest) -> tuple[int, ...]:
+        """Every unit's size, computed once per manifest (a 1,000-unit list per plan showed in the herd);
+        a tuple, so the planner may remember its sum."""
         hit = self._sizes.get(id(manifest))
         if hit is None or hit[0] is not manifest:
             if len(self._sizes) >= 16:  # each entry keeps its manifest alive: bound it to what is live
                 self._sizes.clear()
-            hit = self._sizes[id(manifest)] = (manifest, [u.nbytes for u in manifest.units])
+            hit = self._sizes[id(manifest)] = (manifest, tuple(u.nbytes for u in manifest.units))
         return hit[1]
 
     def _no_allowed_source(self, model: str, ver: int, shard_key: str) -> E.VersionLostError:
@@ -143,26 +145,28 @@ class Fetches:
             cap = max(1, self.planner.cfg.fanout_cap)
             down = self._downstream(wid, model, ver, shard, exclude_fetch)
             hk, rk, dk = place_keys(loc)
-            tiers = ((places.get(hk, ()), None), (places.get(rk, ()), hk), (places.get(dk, ()), rk),
-                     (idx.shard_replicas.get((model, ver, shard), ()), dk))
-            over: list[tuple] = []
-            for tier, (rids, nearer) in enumerate(tiers):
-                under: list[tuple] = []
+            suspects = self.suspects
+            over: list[Source] = []
+            walked: dict = {}  # the nearer tier's replica ids (places nest: host in rack in DC)
+            for tier, rids in enumerate((places.get(hk, ()), places.get(rk, ()), places.get(dk, ()),
+                                         idx.shard_replicas.get((model, ver, shard), ()))):
+                under: list[Source] = []
                 for rid in rids:
+                    if rid in walked:
+                        continue
                     r = self.replicas[rid]
                     w = self.workers.get(r.worker)
                     if (w is None or r.worker == wid or r.worker in down or r.releasing
-                            or self.suspects.get(rid, 0) > now or _within(idx.placed[rid], nearer)):
+                            or (suspects and suspects.get(rid, 0) > now)):
                         continue
                     load = idx.load.get(r.worker, 0)
-                    (under if load < cap else over).append((r, w, load))
+                    (under if load < cap else over).append(
+                        Source(rid, r.worker, w.location, r.full, load, r.origin, r.slot == "seed"))
                 if under:
-                    pick = under if tier < CROSS_DC else under + over
-                    return [Source(r.id, r.worker, w.location, r.full, load, r.origin, backup=r.slot == "seed")
-                            for r, w, load in pick]
+                    return under if tier < CROSS_DC else under + over
+                walked = rids
             if over:
-                return [Source(r.id, r.worker, w.location, r.full, load, r.origin, backup=r.slot == "seed")
-                        for r, w, load in over]
+                return over
         return self._sources(self._candidates(reader.id, model, ver, shard, exclude_fetch=exclude_fetch))
 
     def _sources(self, cands: list[ReplicaRec]) -> list[Source]:
@@ -274,9 +278,3 @@ def check_into_spec(manifest: Manifest, spec: list) -> None:
             raise E.BufferMismatchError(f"into[{name!r}] is {have[name][1]} {have[name][0]}; "
                                         f"the version has {shp} {dt}")
 
-
-def _within(loc, key: tuple | None) -> bool:
-    """`loc` lies inside the place `key` (a nearer tier, already walked); None: nothing was nearer."""
-    if key is None or loc is None:
-        return False
-    return place_keys(loc)[{"h": 0, "r": 1, "d": 2}[key[0]]] == key

@@ -8,13 +8,58 @@ from __future__ import annotations
 
 from rlsync.hub import retention
 from rlsync.hub.location import CROSS_DC
-from rlsync.hub.planner import Source
+from rlsync.hub.planner import Planner, Source
 from rlsync.hub.replica_id import ReplicaId
 from rlsync.hub.retention import drop_seed
 from rlsync.hub.state import HubState
 
 
+class ReferencePlanner(Planner):
+    """The planner's rules as first written (before issue 19's per-plan savings): what `Planner` must answer."""
+
+    def choose_sources(self, reader, sources, unit_sizes, cross_dc_inflight=0, total_bytes=None):
+        if self._hosts:
+            sources = [s for s in sources if s.location.host in self._hosts]
+        if not sources:
+            return {}
+        cap = max(1, self.cfg.fanout_cap)
+
+        def rank(s):
+            return (reader.distance(s.location), not s.full, s.load, s.replica_id)
+
+        under = [s for s in sources if s.load < cap]
+        in_dc = [s for s in sources if reader.distance(s.location) < CROSS_DC]
+        if under:
+            best = min(under, key=rank)
+            if (reader.distance(best.location) == CROSS_DC and in_dc
+                    and cross_dc_inflight >= self.cfg.cross_dc_streams):
+                pool = in_dc
+            else:
+                pool = under
+        else:
+            pool = in_dc if (in_dc and cross_dc_inflight >= self.cfg.cross_dc_streams) else sources
+        best_tier = min(reader.distance(s.location) for s in pool)
+        tier = [s for s in pool if reader.distance(s.location) == best_tier]
+        if any(s.full and not s.backup for s in tier):
+            tier = [s for s in tier if not s.backup]
+        tier.sort(key=lambda s: (s.origin, s.load, not s.full, s.replica_id))
+        chosen, seen = [], set()
+        for s in tier:
+            if s.worker_id not in seen:
+                chosen.append(s)
+                seen.add(s.worker_id)
+        n = 1 if sum(unit_sizes) < self.cfg.stripe_min_bytes else max(1, self.cfg.max_sources)
+        chosen = chosen[:min(n, len(unit_sizes)) or 1]
+        ids = [s.replica_id for s in chosen]
+        plan = dict(zip(ids, self._round_robin(len(unit_sizes), len(ids))))
+        return {k: v for k, v in plan.items() if v} or {ids[0]: []}
+
+
 class ScanState(HubState):
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.planner = ReferencePlanner(self.cfg.planner)
+
     def replicas_of(self, model, version, shard):
         return [r for r in self.replicas.values() if r.model == model and r.version == version and r.shard == shard]
 

@@ -170,3 +170,23 @@ def run_sequence(seed: int, steps: int) -> int:
 @pytest.mark.parametrize("seed", range(20))
 def test_indexed_state_equals_the_scans(seed):
     assert run_sequence(seed, 300) > 100  # enough operations were answered (not only refused)
+
+
+def test_planner_answers_as_its_reference():
+    """The planner's per-plan savings (distances once, a tuple's sum remembered) pick what it picked."""
+    from rlsync.hub.planner import Planner, Source
+    from scan_reference import ReferencePlanner
+    rng = random.Random(7)
+    for _ in range(3000):
+        cfg = PlannerConfig(fanout_cap=rng.choice([1, 2, 4]), max_sources=rng.choice([1, 2, 3]),
+                            stripe_min_bytes=rng.choice([1, 50, 1 << 30]), cross_dc_streams=rng.choice([1, 2]),
+                            source_hosts=rng.choice([(), ("h0",)]))
+        srcs = [Source(f"r{i}", f"w{rng.randrange(6)}", where(rng), rng.random() < 0.7, rng.randrange(6),
+                       rng.random() < 0.2, backup=rng.random() < 0.2) for i in range(rng.randrange(1, 9))]
+        sizes = [rng.randrange(1, 40) for _ in range(rng.randrange(1, 5))]
+        args = (where(rng), srcs, sizes, rng.randrange(3))
+        want = ReferencePlanner(cfg).choose_sources(*args)
+        p = Planner(cfg)
+        assert p.choose_sources(*args) == want
+        assert p.choose_sources(args[0], srcs, tuple(sizes), args[3]) == want  # a tuple's sum is remembered
+        assert p.choose_sources(args[0], srcs, tuple(sizes), args[3]) == want
