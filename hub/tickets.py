@@ -6,6 +6,13 @@ Ed25519 key that only the hub holds (a 0600 key file beside the journal, never i
 data-plane servers verify with the public key they got at `join`. A worker that knows the RPC token
 still cannot forge a ticket for a read the hub did not plan.
 
+The hub signs the tickets of many plans at once (`sign_many`: one Ed25519 signature, ~60-180 us, was
+the largest cost of a plan): the tickets are the leaves of a Merkle tree (SHA-256, leaves and inner
+nodes hashed with distinct prefixes), the signature covers its root, and each ticket carries its
+leaf's index, the leaf count (signed with the root) and the sibling hashes up to the root. A verifier recomputes the root
+from the ticket's own body, so a ticket still proves exactly the one read it names: changing a byte
+of the body, the index or a sibling yields another root, which the signature does not cover.
+
 A ticket alone does not open a read: each data-plane request also carries a fresh random nonce and a
 proof — the request body signed with the reader's session key (`ReaderKey`, generated per client and
 never sent anywhere). The server checks the proof against the key named in the ticket and refuses a
@@ -20,7 +27,9 @@ useless to anyone else: another process has no session key, and a replayed reque
 """
 from __future__ import annotations
 
+import hashlib
 import os
+import struct
 import threading
 import time
 from dataclasses import dataclass
@@ -34,6 +43,11 @@ from .errors import TicketError
 
 _SIG = 64
 _KEY = 32
+_HASH = 32
+_HEAD = struct.Struct("<II")  # leaf index, leaf count
+MAX_BATCH = 1 << 12
+"""Most tickets under one signature (a ticket then carries at most 12 sibling hashes)."""
+_ROOT_TAG = b"rlsync ticket batch root v1\x00"
 NONCE_BYTES = 16
 MAX_REPLAY_ENTRIES = 1 << 20
 """A data-plane server remembers at most this many live nonces (refusing reads beyond it)."""
@@ -88,8 +102,63 @@ class TicketSigner:
         return _raw_public(self._key)
 
     def sign(self, t: Ticket) -> bytes:
-        body = msgpack.packb([t.fetch_id, t.reader, t.reader_key, t.source, t.replica, t.expires])
-        return self._key.sign(body) + body
+        return self.sign_many([t])[0]
+
+    def sign_many(self, tickets: list[Ticket]) -> list[bytes]:
+        """Every ticket under one signature (module docstring), in order; batches above MAX_BATCH split."""
+        out: list[bytes] = []
+        for i in range(0, len(tickets), MAX_BATCH):
+            out.extend(self._sign_batch(tickets[i:i + MAX_BATCH]))
+        return out
+
+    def _sign_batch(self, tickets: list[Ticket]) -> list[bytes]:
+        bodies = [msgpack.packb([t.fetch_id, t.reader, t.reader_key, t.source, t.replica, t.expires])
+                  for t in tickets]
+        levels = [[_leaf(b) for b in bodies]]
+        while len(levels[-1]) > 1:
+            lv = levels[-1]
+            levels.append([_node(lv[k], lv[k + 1]) if k + 1 < len(lv) else lv[k] for k in range(0, len(lv), 2)])
+        n, out = len(bodies), []
+        sig = self._key.sign(_ROOT_TAG + n.to_bytes(4, "little") + levels[-1][0])
+        for i, body in enumerate(bodies):
+            path, idx = [], i
+            for lv in levels[:-1]:
+                if idx ^ 1 < len(lv):
+                    path.append(lv[idx ^ 1])
+                idx >>= 1
+            out.append(b"".join([sig, _HEAD.pack(i, n), *path, body]))
+        return out
+
+
+def _leaf(body: bytes) -> bytes:
+    return hashlib.sha256(b"\x00" + body).digest()
+
+
+def _node(left: bytes, right: bytes) -> bytes:
+    return hashlib.sha256(b"\x01" + left + right).digest()
+
+
+def _root(blob: bytes) -> tuple[bytes, bytes, bytes]:
+    """(signature, signed message, body) of a ticket blob: the root recomputed from its body and path,
+    with the leaf count (signed too: no byte of a ticket can change without the signature failing)."""
+    sig, (idx, n), at = blob[:_SIG], _HEAD.unpack_from(blob, _SIG), _SIG + _HEAD.size
+    if not 0 <= idx < n <= MAX_BATCH:
+        raise ValueError("ticket index out of its batch")
+    siblings, width, i = [], n, idx
+    while width > 1:  # which levels have a sibling follows from (index, count)
+        siblings.append(i ^ 1 < width)
+        width, i = (width + 1) // 2, i >> 1
+    body = blob[at + _HASH * sum(siblings):]
+    if not body:
+        raise ValueError("ticket without a body")
+    h, i = _leaf(body), idx
+    for has in siblings:
+        if has:
+            sib = blob[at:at + _HASH]
+            at += _HASH
+            h = _node(h, sib) if i % 2 == 0 else _node(sib, h)
+        i >>= 1
+    return sig, _ROOT_TAG + n.to_bytes(4, "little") + h, body
 
 
 def read_key_file(path: str) -> bytes:
@@ -127,11 +196,14 @@ class TicketVerifier:
         self._key = Ed25519PublicKey.from_public_bytes(public_bytes)
 
     def verify(self, blob: object, *, source: str, replica: str) -> Ticket:
-        if not isinstance(blob, bytes) or len(blob) <= _SIG:
+        if not isinstance(blob, bytes) or len(blob) <= _SIG + _HEAD.size:
             raise TicketError("missing or malformed ticket")
-        sig, body = blob[:_SIG], blob[_SIG:]
         try:
-            self._key.verify(sig, body)
+            sig, root, body = _root(blob)
+        except (ValueError, struct.error):
+            raise TicketError("malformed ticket") from None
+        try:
+            self._key.verify(sig, root)
             t = Ticket(*msgpack.unpackb(body))
             if not isinstance(t.reader_key, bytes) or len(t.reader_key) != _KEY:
                 raise ValueError

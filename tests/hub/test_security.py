@@ -182,3 +182,29 @@ def test_forged_and_expired_tickets_are_refused(hub, planned):
 
 def test_tickets_live_seconds_not_minutes(hub, planned):
     assert hub.server.cfg.ticket_ttl_s <= 30
+
+
+def test_a_ticket_signed_in_a_batch_proves_only_its_own_read():
+    """The hub signs a loop pass's tickets under one signature (a Merkle root): each ticket still
+    verifies only for its own source and replica, and no byte of it can change (body, index, leaf
+    count, sibling hashes, signature) without the verifier refusing it. No I/O: ~0.1 s."""
+    from rlsync.hub.tickets import TicketVerifier
+    signer = TicketSigner()
+    verifier = TicketVerifier(signer.public_bytes)
+    reader = ReaderKey().public_bytes
+    for n in (1, 2, 5, 13):
+        ts = [Ticket(f"f{i}", "w9", reader, f"src{i}", f"src{i}:p:1:tp0-pp0:live", time.time() + 60) for i in range(n)]
+        blobs = signer.sign_many(ts)
+        for t, blob in zip(ts, blobs):
+            assert verifier.verify(blob, source=t.source, replica=t.replica) == t
+        j = n // 2
+        if n > 1:
+            with pytest.raises(E.TicketError):
+                verifier.verify(blobs[j], source=ts[j - 1].source, replica=ts[j - 1].replica)
+        for k in range(len(blobs[j])):
+            bad = bytearray(blobs[j])
+            bad[k] ^= 0x01
+            with pytest.raises(E.TicketError):
+                verifier.verify(bytes(bad), source=ts[j].source, replica=ts[j].replica)
+        with pytest.raises(E.TicketError):  # another signer's batch (another hub's key)
+            verifier.verify(TicketSigner().sign_many(ts)[j], source=ts[j].source, replica=ts[j].replica)
