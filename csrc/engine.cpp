@@ -19,6 +19,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -255,6 +256,36 @@ std::size_t read_process_nogil(int pid, const std::vector<std::tuple<std::uintpt
     return total;
 }
 
+// Delta frames (hub/delta.py): out = base XOR unshuffle_k(x), where x holds byte j of every k-byte
+// element in its j-th plane (x[j*m + i], m = n / k). One pass, in blocks that are hashed while hot
+// (xxh3-64 of out: the unit checksum) when hs is given. base may be out (a chain applied in place).
+template <typename W, int K>
+void unshuffle_xor_block(const std::uint8_t* base, const std::uint8_t* x, std::uint8_t* out, std::size_t m,
+                         std::size_t i0, std::size_t i1) {
+    for (std::size_t i = i0; i < i1; ++i) {
+        W d = 0, b;
+        for (int j = 0; j < K; ++j) d |= static_cast<W>(x[j * m + i]) << (8 * j);  // little-endian element
+        std::memcpy(&b, base + i * K, K);
+        b ^= d;
+        std::memcpy(out + i * K, &b, K);
+    }
+}
+
+void unshuffle_xor_nogil(const std::uint8_t* base, const std::uint8_t* x, std::uint8_t* out, std::size_t n, int k,
+                         XXH3_state_t* hs) {
+    const std::size_t m = n / k, block = 16384;
+    for (std::size_t i0 = 0; i0 < m; i0 += block) {
+        const std::size_t i1 = std::min(m, i0 + block);
+        switch (k) {
+            case 1: unshuffle_xor_block<std::uint8_t, 1>(base, x, out, m, i0, i1); break;
+            case 2: unshuffle_xor_block<std::uint16_t, 2>(base, x, out, m, i0, i1); break;
+            case 4: unshuffle_xor_block<std::uint32_t, 4>(base, x, out, m, i0, i1); break;
+            default: unshuffle_xor_block<std::uint64_t, 8>(base, x, out, m, i0, i1); break;
+        }
+        if (hs) RLSYNC_XXH3_UPDATE(hs, out + i0 * k, (i1 - i0) * k);
+    }
+}
+
 struct HashState {
     XXH3_state_t* s = XXH3_createState();
     HashState() { if (!s) throw std::bad_alloc(); XXH3_64bits_reset(s); }
@@ -323,6 +354,24 @@ PYBIND11_MODULE(_engine, m) {
         for (const auto& s : segs) RLSYNC_XXH3_UPDATE(hs.s, reinterpret_cast<const void*>(s.first), s.second);
         return static_cast<std::uint64_t>(XXH3_64bits_digest(hs.s));
     }, py::arg("segments"), "xxh3-64 over (address, length) segments, as rlsync.hub.manifest.unit_checksum.");
+
+    m.def("unshuffle_xor", [](std::uintptr_t base, std::uintptr_t x, std::uintptr_t out, std::size_t n, int k,
+                              bool checksum) -> py::object {
+        if (k != 1 && k != 2 && k != 4 && k != 8) throw std::invalid_argument("unshuffle_xor: k must be 1, 2, 4 or 8");
+        if (n % k) throw std::invalid_argument("unshuffle_xor: n must be a multiple of k");
+        std::uint64_t digest = 0;
+        {
+            HashState hs;
+            py::gil_scoped_release nogil;
+            unshuffle_xor_nogil(reinterpret_cast<const std::uint8_t*>(base), reinterpret_cast<const std::uint8_t*>(x),
+                                reinterpret_cast<std::uint8_t*>(out), n, k, checksum ? hs.s : nullptr);
+            if (checksum) digest = XXH3_64bits_digest(hs.s);
+        }
+        if (!checksum) return py::none();
+        return py::int_(digest);
+    }, py::arg("base"), py::arg("x"), py::arg("out"), py::arg("n"), py::arg("k"), py::arg("checksum") = true,
+    "out[i*k+j] = base[i*k+j] ^ x[j*(n/k)+i] over n bytes at these addresses (a delta frame's byte-shuffled "
+    "XOR, hub/delta.py; base may be out); returns the xxh3-64 of out when checksum=True.");
 
     m.attr("XXH_VERSION") = XXH_versionNumber();
 }

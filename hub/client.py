@@ -87,6 +87,7 @@ class HubClient(Session, Publishing, Fetching, DeltaSync):
         re-registers one itself if the new hub has not heard of it, so retention still decides)."""
         self._seeding: set[tuple] = set()
         self._delta_snap: dict = {}  # (model, shard key) -> the publisher's copy of its last version (client_delta.py)
+        self._delta_scratch: dict = {}  # (model, shard key) -> a reader's decode buffer, reused (client_delta.py)
         self._reader_key = ReaderKey()  # proves to sources that this client is its tickets' reader
 
     # ------------------------------------------------------------------ queries

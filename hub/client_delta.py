@@ -1,7 +1,7 @@
 """HubClient's delta protocol: publish a version's delta from the previous one, and fetch a version
 as a chain of deltas onto the version a reader holds — bit-exact or a typed failure, never torn.
 
-A mixin of `HubClient` (hub/client.py); its attribute `_delta_snap` is declared there.
+A mixin of `HubClient` (hub/client.py); its attributes `_delta_snap`, `_delta_scratch` are declared there.
 
     hub.publish("policy", 8, params)
     hub.publish_delta("policy", 8, params)      # encode v8 against this client's copy of v7; publish it
@@ -20,6 +20,7 @@ leaves `into` holding the old version, still registered (docs/deltas.md).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
 
@@ -29,7 +30,7 @@ from . import delta as D
 from . import errors as E
 from .client_fetch import FetchResult, _check_tensors
 from .delta_plan import delta_base, delta_model, from_compact_wire, tensor_name
-from .manifest import Manifest, Unit, allocate, byte_view, dtype_name, wire_digest
+from .manifest import Manifest, Unit, allocate, byte_view, dtype_from_name, dtype_name, wire_digest
 from .replica_id import ReplicaId
 from .rpc import pack
 from .shard import Shard
@@ -128,7 +129,7 @@ class DeltaSync:
             frames, per_source, used, moved = self._pull_chain(model, shard, base.version, ch["chain"], ch.get("plan"))
             lap("pull")
             manifest = _target_manifest(base.rep.manifest, frames[-1], ch["manifest_digest"])
-            result = self._decode_chain(base.rep, manifest, frames)
+            result = self._decode_chain(base.rep, manifest, frames, (model, shard.key))
             lap("decode")
         except E.HubError as e:
             if not fallback:
@@ -144,6 +145,7 @@ class DeltaSync:
             if s.nbytes:
                 byte_view(into[s.name])[:] = byte_view(result[s.name])
         lap("apply")
+        self._delta_scratch[(model, shard.key)] = result  # the next delta decodes into warm pages
         self._register_applied(model, ch["version"], shard, manifest, into)
         lap("register")
         r = FetchResult(ch["version"], into, per_source, used, time.monotonic() - t0, moved, manifest)
@@ -165,14 +167,31 @@ class DeltaSync:
         return None
 
     def _pull_chain(self, model: str, shard: Shard, base: int, chain: list[int], plan: dict | None = None):
-        """Fetch each delta of the chain (this worker then holds and serves them); their frames in order.
-        `plan`: the first delta's plan, sent with the hub's choice (its manifest in compact form)."""
-        frames, per_source, used, moved = [], {}, {}, 0
+        """Fetch the chain's deltas, all at once (this worker then holds and serves them); their frames in
+        order. `plan`: the first delta's plan, sent with the hub's choice (its manifest in compact form)."""
         if plan is not None:
             plan = {k: v for k, v in plan.items() if k != "compact_manifest"} | \
                 {"manifest": from_compact_wire(plan.get("compact_manifest") or {})}
+        got: dict[int, FetchResult | BaseException] = {}
+
+        def pull(dv: int) -> None:
+            try:
+                got[dv] = self.fetch(delta_model(model), dv, shard=shard, _plan=plan if dv == chain[0] else None)
+            except BaseException as e:  # noqa: BLE001 - raised below, after every pull ended
+                got[dv] = e
+
+        threads = [threading.Thread(target=pull, args=(dv,), daemon=True) for dv in chain[1:]]
+        for t in threads:
+            t.start()
+        pull(chain[0])
+        for t in threads:
+            t.join()
+        errors = [r for r in got.values() if isinstance(r, BaseException)]
+        if errors:
+            raise errors[0]
+        frames, per_source, used, moved = [], {}, {}, 0
         for dv in chain:
-            r = self.fetch(delta_model(model), dv, shard=shard, _plan=plan if dv == chain[0] else None)
+            r = got[dv]
             if delta_base(r.manifest) != base:
                 raise E.DeltaError(f"delta v{dv} of {model!r} is from v{delta_base(r.manifest)}, not v{base}")
             n = len(r.manifest.tensors)
@@ -184,20 +203,17 @@ class DeltaSync:
             base = dv
         return frames, per_source, used, moved
 
-    def _decode_chain(self, base: LocalReplica, manifest: Manifest, frames: list) -> dict[str, torch.Tensor]:
-        """Decode the chain into scratch buffers (never the base's); v's bytes, every unit verified."""
+    def _decode_chain(self, base: LocalReplica, manifest: Manifest, frames: list, key: tuple) -> dict[str, torch.Tensor]:
+        """Decode the chain into a scratch buffer (never the base's; the last one of this model and
+        shard, taken from the cache while in use, if it fits); v's bytes, every unit verified."""
         if base.manifest.layout_key() != manifest.layout_key():
             raise E.DeltaError("the held version's layout differs from the target's: no delta applies")
-        bufs = [allocate(manifest) for _ in range(min(2, len(frames)))]
-        views = [[byte_view(b[s.name]) for s in manifest.tensors] for b in bufs]
-        cur = base.views
-        for i, fr in enumerate(frames):
-            last = i == len(frames) - 1
-            expect = None if last else [D.frame_info(f)[4] for f in fr]
-            out = views[i % len(views)]
-            D.decode(manifest, cur, fr, out, expect)
-            cur = out
-        return bufs[(len(frames) - 1) % len(bufs)]
+        buf = self._delta_scratch.pop(key, None)
+        if buf is None or [(n, t.dtype, tuple(t.shape)) for n, t in buf.items()] != \
+                [(s.name, dtype_from_name(s.dtype), s.shape) for s in manifest.tensors]:
+            buf = allocate(manifest)
+        D.decode_chain(manifest, base.views, frames, [byte_view(buf[s.name]) for s in manifest.tensors])
+        return buf
 
     def _register_applied(self, model: str, ver: int, shard: Shard, manifest: Manifest,
                           into: dict[str, torch.Tensor]) -> None:

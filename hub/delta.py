@@ -34,6 +34,10 @@ HEADER = struct.Struct("<4sBBxxQQQ")  # magic, codec, shuffle k, raw nbytes, bas
 CODECS = {"xor-zstd": 1, "xor-raw": 2}
 """xor-zstd: the default. xor-raw: uncompressed XOR (tests, and a floor for the measurement)."""
 _NAMES = {v: k for k, v in CODECS.items()}
+try:  # the native one-pass unshuffle + XOR + hash (csrc/engine.cpp); numpy without it
+    from rlsync._engine import unshuffle_xor as _native
+except ImportError:
+    _native = None
 ZSTD_LEVEL = 1
 """Measured (docs/deltas.md): level 1 is within a few % of level 3's size at about twice the speed."""
 
@@ -112,26 +116,65 @@ def decode_unit(base, delta, out, *, expect_checksum: int) -> None:
     Raises DeltaError (malformed, made against other base bytes, wrong size, or a result that is not
     the target): then `out` holds garbage and must not be used; `base` is never written.
     """
-    codec, k, n, bsum, tsum = frame_info(delta)
-    if len(memoryview(base)) != n or len(memoryview(out)) != n:
-        raise DeltaError(f"delta is for a {n}-byte unit; the buffers hold {len(memoryview(base))}")
-    if tsum != expect_checksum:
+    decode_chain_unit(base, [delta], out, expect_checksum=expect_checksum)
+
+
+def decode_chain_unit(base, deltas: Sequence, out, *, expect_checksum: int, scratch: np.ndarray | None = None) -> None:
+    """`decode_unit` for a chain of frames (oldest first): out = base ^ d1 ^ d2 ..., applied in `out`
+    one frame after the other, checked once at the end (each frame's base checksum must be the previous
+    frame's target checksum: a header check). The same refusals; `base` is never written. `scratch`: a
+    reusable uint8 buffer of at least the unit's size for the decompressed bytes (else one is allocated)."""
+    infos = [frame_info(d) for d in deltas]
+    n = len(memoryview(base))
+    if not infos or any(i[2] != n for i in infos) or len(memoryview(out)) != n:
+        raise DeltaError(f"delta is for a {infos[0][2] if infos else 0}-byte unit; the buffers hold {n}")
+    if infos[-1][4] != expect_checksum:
         raise DeltaError("delta targets other bytes than the version asked for (target checksum differs)")
-    if checksum(base) != bsum:
+    if any(b[3] != a[4] for a, b in zip(infos, infos[1:])):
+        raise DeltaError("a delta of the chain is not made against the previous one's target")
+    if checksum(base) != infos[0][3]:
         raise DeltaError("delta was made against other bytes than the reader holds (base checksum differs)")
-    payload = memoryview(delta)[HEADER.size:]
-    if codec == "xor-zstd":
-        try:
-            raw = _zstd().ZstdDecompressor().decompress(payload, max_output_size=n)
-        except Exception as e:  # zstandard.ZstdError: corrupt frame
-            raise DeltaError(f"corrupt delta payload: {e}") from None
-    else:
-        raw = payload
-    if len(raw) != n:
-        raise DeltaError(f"delta payload decodes to {len(raw)} bytes, expected {n}")
-    _xor(base, _unshuffle(_u8(raw), k), out=_u8(out))
-    if checksum(out) != expect_checksum:
+    src, got = base, None
+    for i, (d, (codec, k, _, _, _)) in enumerate(zip(deltas, infos)):
+        raw = _payload(memoryview(d)[HEADER.size:], codec, n, scratch)
+        got = _apply(src, raw, out, k, want_checksum=i == len(deltas) - 1)
+        src = out
+    if got != expect_checksum:
         raise DeltaError("delta applied to the base does not give the target's checksum: discarded")
+
+
+def _payload(payload: memoryview, codec: str, n: int, scratch: np.ndarray | None):
+    """A frame's payload decompressed (into `scratch`: no fresh pages per unit); exactly n bytes."""
+    if codec != "xor-zstd":
+        if len(payload) != n:
+            raise DeltaError(f"delta payload decodes to {len(payload)} bytes, expected {n}")
+        return payload
+    dst = memoryview(scratch if scratch is not None and len(scratch) >= n else np.empty(n, np.uint8))[:n]
+    try:
+        with _zstd().ZstdDecompressor().stream_reader(payload) as r:
+            got = r.readinto(dst) if n else 0
+            while got < n:  # readinto may stop short of a full buffer
+                more = r.readinto(dst[got:])
+                if not more:
+                    break
+                got += more
+            extra = len(r.read(1))
+    except DeltaError:
+        raise
+    except Exception as e:  # zstandard.ZstdError: corrupt frame
+        raise DeltaError(f"corrupt delta payload: {e}") from None
+    if got != n or extra:
+        raise DeltaError(f"delta payload decodes to {'more than ' if extra else ''}{got} bytes, expected {n}")
+    return dst
+
+
+def _apply(base, raw, out, k: int, want_checksum: bool) -> int | None:
+    """out = base XOR unshuffle_k(raw) (base may be out); xxh3-64 of out when `want_checksum`."""
+    b, x, o = _u8(base), _u8(raw), _u8(out)
+    if _native is not None and len(o):  # one pass, hashed while hot (csrc/engine.cpp)
+        return _native(b.ctypes.data, x.ctypes.data, o.ctypes.data, len(o), k, want_checksum)
+    _xor(b, _unshuffle(x, k), out=o)
+    return checksum(o) if want_checksum else None
 
 
 def unit_bytes(views: Sequence[memoryview], unit: Unit):
@@ -167,17 +210,26 @@ def encode(base_manifest: Manifest, base_views: Sequence[memoryview], manifest: 
 def decode(manifest: Manifest, base_views: Sequence[memoryview], frames: Sequence, out_views: Sequence[memoryview],
            expect: Sequence[int] | None = None) -> None:
     """Apply one version's frames: `out_views` (other memory than `base_views`) get the target's bytes,
-    every unit checked against `expect` (default: `manifest`'s unit checksums; an intermediate version
-    of a chain passes its frames' own target checksums). `manifest` gives the layout.
-    Raises DeltaError on any unit."""
-    if len(frames) != len(manifest.units):
-        raise DeltaError(f"delta has {len(frames)} units; the version has {len(manifest.units)}")
+    every unit checked against `expect` (default: `manifest`'s unit checksums). `manifest` gives the
+    layout. Raises DeltaError on any unit."""
+    decode_chain(manifest, base_views, [frames], out_views, expect)
+
+
+def decode_chain(manifest: Manifest, base_views: Sequence[memoryview], chain: Sequence[Sequence],
+                 out_views: Sequence[memoryview], expect: Sequence[int] | None = None) -> None:
+    """Apply a chain of versions' frames (oldest first) unit by unit (`decode_chain_unit`): no
+    intermediate version is materialized or hashed; each unit's result is checked against `expect`."""
+    if any(len(frames) != len(manifest.units) for frames in chain):
+        raise DeltaError(f"delta has {[len(f) for f in chain]} units; the version has {len(manifest.units)}")
     expect = [u.checksum for u in manifest.units] if expect is None else expect
-    for unit, frame, want in zip(manifest.units, frames, expect):
+    scratch = np.empty(max((u.nbytes for u in manifest.units), default=0), np.uint8)
+    for i, (unit, want) in enumerate(zip(manifest.units, expect)):
+        frames = [fr[i] for fr in chain]
         if len(unit.segments) == 1:
             ti, off, ln = unit.segments[0]
-            decode_unit(base_views[ti][off:off + ln], frame, out_views[ti][off:off + ln], expect_checksum=want)
+            decode_chain_unit(base_views[ti][off:off + ln], frames, out_views[ti][off:off + ln], expect_checksum=want,
+                              scratch=scratch)
         else:
             out = bytearray(unit.nbytes)
-            decode_unit(unit_bytes(base_views, unit), frame, out, expect_checksum=want)
+            decode_chain_unit(unit_bytes(base_views, unit), frames, out, expect_checksum=want, scratch=scratch)
             scatter(out_views, unit, out)

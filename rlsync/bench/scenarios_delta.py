@@ -183,7 +183,9 @@ def run_elastic_delta(cfg: BenchConfig, holders: int, joiners: int, reps: int, b
                 if rep:
                     times[system].append(secs)
                     info[system].append({"seconds": secs, "modes": sorted({r.get("mode", "full") for r in res.values()}),
-                                         "bytes": sum(r.get("nbytes", 0) for r in res.values())})
+                                         "bytes": sum(r.get("nbytes", 0) for r in res.values()),
+                                         "per_worker_s": {h: round(r["t1"] - go, 3) for h, r in res.items()},
+                                         "phases": {h: r.get("phases") for h, r in res.items() if r.get("phases")}})
         out = _base("elastic", c, cfg)
     med = {s: _median(v) for s, v in times.items()}
     out["config"].update(holders=holders, joiners=joiners, reps=reps, behind=behind, delta=True, update_frac=frac,
