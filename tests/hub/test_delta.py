@@ -153,3 +153,24 @@ def test_a_delta_object_must_name_its_base():
         st.publish(t, delta_model("policy"), 1, Shard(), build_manifest({"w": torch.zeros(4)}, ManifestConfig()))
     assert delta_model("policy") not in st.models
     assert delta_base(delta_manifest(4, [b"x" * 40])) == 4
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_chain_decodes_unit_by_unit_bit_exact_and_a_broken_link_is_refused(native, monkeypatch):
+    """v1 -> v3 through two deltas in one buffer (native one-pass and numpy paths); a chain whose second
+    delta is not made against the first's target fails typed."""
+    if native and D._native is None:
+        pytest.skip("rlsync._engine without unshuffle_xor (rebuild: pip install -e . --no-deps)")
+    if not native:
+        monkeypatch.setattr(D, "_native", None)
+    v = [model(1)]
+    for s in (2, 3):
+        v.append(real_like_step(v[-1], s))
+    ms = [build_manifest(x, SMALL) for x in v]
+    d12 = D.encode(ms[0], views(v[0], ms[0]), ms[1], views(v[1], ms[1]))
+    d23 = D.encode(ms[1], views(v[1], ms[1]), ms[2], views(v[2], ms[2]))
+    out = {n: torch.empty_like(t) for n, t in v[2].items()}
+    D.decode_chain(ms[2], views(v[0], ms[0]), [d12, d23], views(out, ms[2]))
+    assert not ms[2].verify(out)
+    with pytest.raises(E.DeltaError, match="previous one's target"):
+        D.decode_chain(ms[2], views(v[0], ms[0]), [d23, d23], views(out, ms[2]))
