@@ -25,8 +25,9 @@ landed strided by the data plane; a slice reader is not a relay (it holds part o
 """
 from __future__ import annotations
 
+import time
 from bisect import bisect_right
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -74,6 +75,16 @@ class ReshardResult:
     bytes_by_source: dict[str, int]
     """Worker id -> bytes it served to this read (over every shard fetched)."""
     shards_fetched: list[int]
+    seconds: float = 0.0
+    """Sum of the shard fetches' wall times."""
+    transports: dict[str, str] = field(default_factory=dict)
+    """Worker id -> transport it served with (any shard)."""
+    manifests: dict[int, object] = field(default_factory=dict)
+    """Shard rank -> the manifest its fetch verified (a whole read's views: `whole_views`)."""
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.bytes_by_source.values())
 
 
 class ReshardReader:
@@ -86,22 +97,32 @@ class ReshardReader:
         self._scratch: dict[str, torch.Tensor] | None = None
 
     def _fetch(self, rank: int, version, into: dict[str, torch.Tensor], acc: dict[str, int],
-               runs: dict[str, list[tuple[int, int]]] | None = None) -> int:
+               runs: dict[str, list[tuple[int, int]]] | None = None, out: ReshardResult | None = None) -> int:
         """Fetch shard `rank` into `into`: whole, or (with `runs`: tensor -> sorted element ranges)
-        only the units overlapping those ranges and the layout record."""
+        only the units overlapping those ranges and the layout record. `out` gathers seconds,
+        transports and the manifest."""
         into = {**into, LAYOUT_TENSOR: self._records[rank]}
         shard = zero_shard(rank, self.layout.world)
+        t0 = time.perf_counter()
         if runs is None:
             res = self.hub.fetch(self.model, version, into=into, shard=shard)
         else:
             res = fetch_units(self.hub, self.model, version, shard, into, lambda m: _units_for(m, runs))
         for w, n in res.bytes_by_source.items():
             acc[w] = acc.get(w, 0) + n
+        if out is not None:
+            out.seconds += time.perf_counter() - t0
+            out.transports.update(getattr(res, "transports", {}))  # a partial fetch does not say
+            out.manifests[rank] = res.manifest
         kind, world, r, pieces = parse_record(self._records[rank].numpy().tobytes())
         if (kind, world, r, pieces) != (self.layout.kind, self.layout.world, rank, self.layout.ranks[rank]):
             raise ManifestMismatchError(f"{self.model} v{res.version} shard {rank}: published as {kind} over "
                                         f"{world} ranks with other pieces than this reader's {self.layout.kind} layout")
         return res.version
+
+    def views(self, rank: int, into: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Shard `rank` as a whole read of `into` holds it (what its manifest checks, record included)."""
+        return whole_views(self.layout, rank, into, self._records[rank])
 
     def read_whole(self, version: int | str = "latest", into: dict[str, torch.Tensor] | None = None) -> ReshardResult:
         """Every full tensor, each shard landing in place in `into` (allocated if None)."""
@@ -109,12 +130,11 @@ class ReshardReader:
         if into is None:
             into = {n: torch.empty(shape, dtype=dtype_from_name(dt)) for n, (shape, dt) in specs.items()}
         _check(into, {n: s for n, (s, _) in specs.items()}, {n: dt for n, (_, dt) in specs.items()})
-        acc: dict[str, int] = {}
-        for r, pieces in enumerate(self.layout.ranks):
-            views = {p.name: into[p.name].view(-1).narrow(0, p.start, p.length) if p.length
-                     else into[p.name].view(-1)[:0] for p in pieces}
-            version = self._fetch(r, version, views, acc)  # the first resolves "latest"; all pinned to it
-        return ReshardResult(int(version), into, acc, list(range(self.layout.world)))
+        out = ReshardResult(-1, into, {}, list(range(self.layout.world)))
+        for r in range(self.layout.world):  # the first resolves "latest"; the others are pinned to it
+            version = self._fetch(r, version, whole_views(self.layout, r, into), out.bytes_by_source, out)
+        out.version = int(version)
+        return out
 
     def read(self, version: int | str, dests: list[Dest], into: dict[str, torch.Tensor] | None = None) -> ReshardResult:
         """The destinations (TP blocks, fused concatenations), from only the shards holding them."""
@@ -129,17 +149,29 @@ class ReshardReader:
                     longest[q.name] = max(longest.get(q.name, 0), q.length)
             self._scratch = {n: torch.empty(k, dtype=dtype_from_name(self.layout.specs()[n][1]))
                              for n, k in longest.items()}
-        acc: dict[str, int] = {}
         ranks = p.ranks()
+        if not ranks:
+            raise ValueError("nothing to read: every destination is empty")
+        out = ReshardResult(-1, into, {}, ranks)
         for r in ranks:
             views = {q.name: self._scratch[q.name][:q.length] for q in self.layout.ranks[r]}
-            version = self._fetch(r, version, views, acc, _runs([c for c in p.copies if c.rank == r]))
+            version = self._fetch(r, version, views, out.bytes_by_source, _runs([c for c in p.copies if c.rank == r]), out)
             for c in p.copies:
                 if c.rank == r:
                     _copy(c, views[c.src], into[c.dst].view(-1))
-        if not ranks:
-            raise ValueError("nothing to read: every destination is empty")
-        return ReshardResult(int(version), into, acc, ranks)
+        out.version = int(version)
+        return out
+
+
+def whole_views(layout: ShardedLayout, rank: int, into: dict[str, torch.Tensor],
+                record_buf: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """Shard `rank`'s tensors as views of whole tensors `into` (each piece at its flat range): what a
+    whole read fetches into, and what its manifest verifies (with the layout record, `record_buf`)."""
+    views = {p.name: into[p.name].view(-1).narrow(0, p.start, p.length) if p.length
+             else into[p.name].view(-1)[:0] for p in layout.ranks[rank]}
+    if record_buf is not None:
+        views[LAYOUT_TENSOR] = record_buf
+    return views
 
 
 def _runs(copies) -> dict[str, list[tuple[int, int]]]:

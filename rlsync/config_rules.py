@@ -108,8 +108,44 @@ def check_values(cfg: Any) -> None:
     if t.elastic.enabled and t.elastic.min_world_size > t.world_size:
         raise ConfigError(f"trainer.elastic.min_world_size={t.elastic.min_world_size}: must be <= "
                           f"trainer.world_size={t.world_size}")
+    _check_publish(cfg)
     if cfg.resume not in ("auto", "never", "") and not (Path(cfg.resume) / "driver_state.json").is_file():
         raise ConfigError(f"resume={cfg.resume}: must be auto, never or a checkpoint directory (with driver_state.json)")
+
+
+PUBLISH_MODES = ("auto", "gathered", "sharded")
+
+
+def _sharded_misfit(cfg: Any) -> str | None:
+    """Why the trainer cannot publish ZeRO-3 partitions in this run (None: it can)."""
+    t = cfg.trainer
+    if t.backend != "deepspeed" or t.zero_stage != 3:
+        return f"needs trainer.backend=deepspeed and trainer.zero_stage=3 (got {t.backend}, stage {t.zero_stage})"
+    if cfg.sync.mode != "hub":
+        return f"needs sync.mode=hub (got {cfg.sync.mode}: its channel sends whole tensors)"
+    if t.elastic.enabled:
+        return "does not work with trainer.elastic.enabled (a re-formed group reads back whole tensors)"
+    if cfg.hub.seed_dcs:
+        return "does not work with hub.seed_dcs (seed workers follow whole versions)"
+    return None
+
+
+def sharded_publish(cfg: Any) -> bool:
+    """Whether every trainer rank publishes its own live ZeRO-3 partition (`trainer.publish`, `auto`
+    resolved: sharded wherever it can be) rather than rank 0 a gathered copy (docs/resharding.md)."""
+    p = cfg.trainer.publish
+    return p == "sharded" or (p == "auto" and _sharded_misfit(cfg) is None)
+
+
+def _check_publish(cfg: Any) -> None:
+    from rlsync.config import ConfigError
+
+    p = cfg.trainer.publish
+    if p not in PUBLISH_MODES:
+        raise ConfigError(f"trainer.publish={p}: must be one of {', '.join(PUBLISH_MODES)}")
+    why = _sharded_misfit(cfg) if p == "sharded" else None
+    if why:
+        raise ConfigError(f"trainer.publish=sharded {why}")
 
 
 def unknown_override(override: str) -> str | None:

@@ -42,9 +42,10 @@ class HubFedVllmEngine:
     def version(self, v: int) -> None:
         self.engine.set_version(v)
 
-    def attach_hub(self, hub, model: str, follow_s: float = 0.05) -> None:
-        """Take weights from `hub` (joined); prefetch each new version as it commits."""
-        self.stage = HubWeightStage(hub, self.engine, model)
+    def attach_hub(self, hub, model: str, follow_s: float = 0.05, layout=None) -> None:
+        """Take weights from `hub` (joined); prefetch each new version as it commits. `layout`: the
+        trainer publishes ZeRO-3 partitions in this `ShardedLayout` (read whole, docs/resharding.md)."""
+        self.stage = HubWeightStage(hub, self.engine, model, layout=layout)
         self.stage.follow(follow_s)
 
     def generate(self, prompts):

@@ -16,6 +16,10 @@ reads from a peer engine, not from the trainer. The cost is one host copy of the
 (540 MB for SmolLM2-135M in fp32); `serve_peers=False` releases it after each apply (the buffers
 are reused, but nobody can read from them). docs/vllm.md has the measurements.
 
+Sharded versions (a ZeRO-3 trainer's partitions; `layout=`): `ReshardReader.read_whole` lands every shard in
+place in the staging tensors, q/k/v and gate/up as row blocks of fused buffers (`fused_staging`); each
+shard's manifest re-checks its views of them before the apply.
+
 Integrity: the bytes applied are the bytes the manifest describes. Each unit is checked against
 its manifest checksum as it is handed to vLLM (xxh3, ~30 ms per 540 MB); a mismatch raises
 `WeightIntegrityError` inside the apply, the engine refuses to generate, and the next update must
@@ -32,17 +36,18 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Iterator
 
 import torch
 
+from rlsync.hub.reshard import ShardedLayout
+from rlsync.hub.reshard_read import ReshardReader, zero_shard
+from rlsync.hub.shard import Shard
+
 from .vllm_engine import VllmEngine, WeightApplyError
+from .vllm_staging import WeightIntegrityError, checked_tensors, fused_staging, specs_of
 
 log = logging.getLogger(__name__)
-
-
-class WeightIntegrityError(RuntimeError):
-    """Bytes about to be applied do not match the version's manifest checksums."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -119,9 +124,12 @@ class HubWeightStage:
         verify: bool = True
         """Check the applied bytes against the manifest checksums on every update."""
 
-    def __init__(self, hub, engine: VllmEngine, model: str = "policy", config: "HubWeightStage.Config | None" = None):
+    def __init__(self, hub, engine: VllmEngine, model: str = "policy", config: "HubWeightStage.Config | None" = None,
+                 *, layout: ShardedLayout | None = None):
         self.hub, self.engine, self.model = hub, engine, model
         self.config = config or HubWeightStage.Config()
+        self._reader = ReshardReader(hub, model, layout) if layout is not None else None
+        """Sharded versions: whole tensors reassembled from the trainer's partitions (None: whole versions)."""
         self._staging: dict[str, torch.Tensor] | None = None
         self._manifest = None
         self.staged_version: int | None = None
@@ -139,6 +147,12 @@ class HubWeightStage:
     # ------------------------------------------------------------------ fetch into staging
     def _fetch_into_staging(self, version, on_unit=None):
         self.staged_version = None  # the buffers are about to change
+        if self._reader is not None:  # each shard lands in place in the (fused) staging tensors
+            if self._staging is None:
+                self._staging = fused_staging(self._reader.layout)
+            res = self._reader.read_whole(version, into=self._staging)
+            self._manifest = res  # its per-shard manifests re-check the staging at apply
+            return res
         res = self.hub.fetch(self.model, version, into=self._staging, on_unit=on_unit)
         self._staging, self._manifest = res.tensors, res.manifest
         return res
@@ -224,11 +238,10 @@ class HubWeightStage:
         v = self.staged_version
         if v is None or v <= self.engine.version:
             return None
-        names = [s.name for s in self._manifest.tensors]
+        names, specs, stream = self._staged_stream()
         t0 = time.monotonic()
         try:
-            apply_s = self.engine.apply(self._checked(self._staging, self._manifest, iter(range(len(names)))), v,
-                                        expect=names, specs=specs_of(self._manifest))
+            apply_s = self.engine.apply(stream, v, expect=names, specs=specs)
         except WeightIntegrityError:
             self._drop_staged(v)
             raise
@@ -267,7 +280,7 @@ class HubWeightStage:
                 raise LookupError(f"the hub has no committed version of {self.model!r}")
         if version <= self.engine.version:
             return SyncStats(version=self.engine.version, fetch_s=0.0, apply_s=0.0, pause_s=0.0, nbytes=0)
-        if self.staged_version != version and (self._staging is None or not pipelined):
+        if self.staged_version != version and (self._staging is None or not pipelined or self._reader):
             res = self._fetch_into_staging(version)
             self._staged_fetch_s, self._staged_sources = res.seconds, dict(res.bytes_by_source)
             self._staged_transports = dict(res.transports)
@@ -330,19 +343,45 @@ class HubWeightStage:
         return SyncStats(version=res.version, fetch_s=res.seconds, apply_s=apply_s,
                          pause_s=time.monotonic() - t0, nbytes=res.nbytes, bytes_by_source=dict(res.bytes_by_source))
 
+    def _staged_stream(self):
+        """(names, (name, shape) specs, checked (name, tensor) stream) of the staged version."""
+        m = self._manifest
+        if self._reader is None:
+            names = [s.name for s in m.tensors]
+            return names, specs_of(m), self._checked(self._staging, m, iter(range(len(names))))
+        specs = self._reader.layout.specs()
+        return list(specs), tuple((n, shape) for n, (shape, _) in specs.items()), self._checked_shards(m)
+
+    def _checked_shards(self, res) -> Iterator[tuple[str, torch.Tensor]]:
+        """The staged whole tensors, after every shard's manifest has checked its views of them."""
+        if self.config.verify:
+            for r, manifest in sorted(res.manifests.items()):
+                bad = manifest.verify(self._reader.views(r, self._staging), range(len(manifest.units)))
+                if bad:
+                    raise WeightIntegrityError(f"{self.model}: {len(bad)} unit(s) of shard {r} do not match the "
+                                               "version's manifest checksums; update refused")
+        for name in self._reader.layout.specs():
+            yield name, self._staging[name]
+
+    def _release(self, version: int) -> None:
+        """Give back every shard of `version` this stage holds."""
+        w = self._reader.layout.world if self._reader is not None else 0
+        for shard in [zero_shard(r, w) for r in range(w)] or [Shard()]:
+            self.hub.release(self.model, version, shard)
+
     def _drop_staged(self, version: int) -> None:
         """Staging bytes failed their checksums: stop serving them (no peer may read them) and forget
         them, so the next update fetches the version again."""
         log.error("%s v%d: staging buffers do not match the manifest; replica withdrawn", self.model, version)
         self.staged_version = None
         try:
-            self.hub.release(self.model, version)
+            self._release(version)
         except Exception as e:  # noqa: BLE001 - the integrity error is what the caller must see
             log.warning("could not withdraw the corrupt replica of %s v%d: %s", self.model, version, e)
 
     def _after_apply(self, version: int) -> None:
         if not self.config.serve_peers:
-            self.hub.release(self.model, version)
+            self._release(version)
             self.staged_version = None
 
     def close(self) -> None:
@@ -354,34 +393,6 @@ class HubWeightStage:
         t = self._fetch
         if t is not None:
             t.join()
-
-
-def checked_tensors(tensors: dict[str, torch.Tensor], manifest, order: Iterable[int] | None = None, *,
-                    verify: bool = True, what: str = "weights") -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (name, tensor) of `tensors` in `order` (manifest tensor indices; all by default), checking
-    each unit against the manifest checksums the first time one of its tensors is handed out.
-    Raises `WeightIntegrityError` at the first mismatch (before that tensor is yielded)."""
-    unit_of: list[list[int]] = [[] for _ in manifest.tensors]
-    for u, unit in enumerate(manifest.units):
-        for ti, _, _ in unit.segments:
-            unit_of[ti].append(u)
-    checked: set[int] = set()
-    for ti in (range(len(manifest.tensors)) if order is None else order):
-        todo = [u for u in unit_of[ti] if u not in checked]
-        if todo and verify:
-            bad = manifest.verify(tensors, todo)
-            if bad:
-                raise WeightIntegrityError(
-                    f"{what}: {len(bad)} unit(s) of {manifest.tensors[ti].name} do not match the "
-                    "version's manifest checksums; update refused")
-        checked.update(todo)
-        spec = manifest.tensors[ti]
-        yield spec.name, tensors[spec.name]
-
-
-def specs_of(manifest) -> tuple[tuple[str, tuple[int, ...]], ...]:
-    """(name, shape) of every tensor of a version: what the engine's direct apply plans with."""
-    return tuple((s.name, tuple(s.shape)) for s in manifest.tensors)
 
 
 def _chain(first, rest):

@@ -107,6 +107,8 @@ class DeepSpeedBackend(TrainerBackend):
         if self.ref_model is not None and self.config.zero_stage == 3:
             log.warning("the reference model is kept whole on every rank (not ZeRO-3 sharded)")
         self._sync_buffers: dict[str, torch.Tensor] | None = None
+        self.gathered_bytes = getattr(self, "gathered_bytes", 0)
+        """Bytes of full-model copies gathered by `named_parameters_for_sync` under ZeRO-3 (cumulative)."""
 
     def reform(self, dist, load_weights, model_factory) -> int:
         import deepspeed.comm as dsc
@@ -183,6 +185,7 @@ class DeepSpeedBackend(TrainerBackend):
         with deepspeed.zero.GatheredParameters(list(params.values()), modifier_rank=None):
             for n, p in params.items():
                 self._sync_buffers[n].copy_(p.data.view(p.ds_shape))
+        self.gathered_bytes += sum(b.numel() * b.element_size() for b in self._sync_buffers.values())
         return self._sync_buffers
 
     def named_partitions_for_sync(self) -> tuple[int, int, dict[str, tuple[torch.Tensor, tuple[int, ...]]]]:

@@ -372,7 +372,7 @@ class Driver:
         }
         if "kl" in tm:
             out["kl/ref"] = tm["kl"]
-        for k in ("value_loss", "critic_grad_norm", "tis_weight_mean", "ratio_mean"):
+        for k in ("value_loss", "critic_grad_norm", "tis_weight_mean", "ratio_mean", "sync/trainer_gathered_bytes"):
             if k in tm:
                 out[f"loss/{k}" if k == "value_loss" else k] = tm[k]
         if "logprob_gap" in tm:  # rollout engine's log-probs vs the trainer's, same weights (docs/vllm.md)

@@ -4,7 +4,9 @@
         than min_version (waiting_weights, loading_weights), then generates and scores (generating)
     join_run() -> where its first fetch read from (a worker joining a running job)
 
-Weights reach the engine only through the hub: `hub.fetch(..., into=engine.named_parameters_for_sync())`.
+Weights reach the engine only through the hub: `hub.fetch(..., into=engine.named_parameters_for_sync())`,
+or, when the trainer publishes ZeRO-3 partitions (`trainer.publish`), `ReshardReader.read_whole` into the
+same tensors (each shard lands in place at its flat range; docs/resharding.md).
 The engine comes from the rollout-engine registry (`rollout.engine`, e.g. `hf`).
 """
 
@@ -21,7 +23,9 @@ from rlsync.core.events import FetchEvent, JoinResult, RolloutResult
 from rlsync.core.stall import StallClock
 from rlsync.hub import errors as E
 from rlsync.workers.group import hub_client as _hub_client, process_setup as _process_setup, with_telemetry
+from rlsync.hub.reshard_read import ReshardReader
 from rlsync.workers.policy import build_policy, special_ids
+from rlsync.workers.sharded_publish import reader_layout, shard_of
 from rlsync.workers.weight_channels import EngineChannel
 
 log = logging.getLogger(__name__)
@@ -46,12 +50,14 @@ class RolloutWorker:
                                    model_cfg=cfg.model)
         self.engine.version = -1  # nothing fetched yet: the random init is not a version
         self.hub = _hub_client(cfg, hub_address, hub_token, cfg.pools[pool].location, self.worker_id)
+        self.layout = reader_layout(cfg, model)  # None: the trainer publishes whole tensors
+        self.reader = ReshardReader(self.hub, cfg.hub.model_name, self.layout) if self.layout else None
         # Engines that stage and apply (vLLM: the hub cannot fetch into its repacked parameters) get the
         # hub client; their updates are fetch-into-staging + in-place apply (docs/vllm.md).
         # (sync.mode object_store / broadcast: weights come from the channel instead, weight_channels.py.)
         self.staged = getattr(self.engine, "stages_weights", False) and cfg.sync.mode == "hub"
         if self.staged:
-            self.engine.attach_hub(self.hub, cfg.hub.model_name)
+            self.engine.attach_hub(self.hub, cfg.hub.model_name, layout=self.layout)
         self.channel = EngineChannel(self.engine, self.clock, hub_address, cfg.rollout.weight_poll_s)  # sync.mode != hub
 
     def set_channel(self, broadcast: tuple, meta: dict) -> str:
@@ -134,6 +140,8 @@ class RolloutWorker:
                     if self.staged:
                         return self.engine.update_latest()
                     self._release_held(name)
+                    if self.reader is not None:
+                        return self.reader.read_whole("latest", into=self.engine.named_parameters_for_sync())
                     return self.hub.fetch(name, "latest", into=self.engine.named_parameters_for_sync())
             except (E.VersionLostError, E.VersionNotRetainedError, E.TransferError) as e:
                 self.engine.version = -1  # the buffers may hold a mix now
@@ -154,7 +162,7 @@ class RolloutWorker:
         """
         for rid in self.hub.held_ids():
             if rid.model == name and rid.slot == "live":
-                self.hub.release(name, rid.version)
+                self.hub.release(name, rid.version, shard_of(self.layout, rid.shard))
 
     def rollout(self, prompts: list, min_version: int) -> RolloutResult:
         """Sample `group_size` responses per prompt with weights of version >= min_version, score them.

@@ -4,8 +4,10 @@
     publish() -> {version, bytes}; train(batch) -> metrics (release, step, publish);
     save_checkpoint(dir); load_checkpoint(dir) -> version; reform(...) (docs/elastic.md)
 
-Simplifies: rank 0 publishes the whole model as one shard (`Shard()`); under ZeRO-3 every rank
-all-gathers (a collective) and rank 0 publishes the gathered copy.
+Publish (`trainer.publish`, rlsync.config_rules.sharded_publish): under DeepSpeed ZeRO-3 (no elastic
+group) every rank publishes its own live partition as a shard of the version, no gather, no copy; the
+version commits when all have (docs/resharding.md). Otherwise rank 0 publishes the whole model as one
+shard (`Shard()`); under ZeRO-3 that means every rank all-gathers (a collective) first.
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ from rlsync.config import TrainConfig
 from rlsync.core.digest import nbytes as _nbytes, weights_digest
 from rlsync.core.events import FetchEvent
 from rlsync.core.stall import StallClock
+from rlsync.config_rules import sharded_publish
+from rlsync.hub.reshard_read import publish_shard, zero_shard
+from rlsync.hub.shard import Shard
+from rlsync.workers.sharded_publish import zero3_layout_of
 from rlsync.workers.group import hub_client as _hub_client, process_setup as _process_setup, with_telemetry
 from rlsync.workers.policy import build_policy
 
@@ -63,16 +69,22 @@ class TrainerWorker:
         else:
             dist = DistConfig(world_size=t.world_size, rank=rank, master_port=master_port, timeout_s=timeout)
         self.backend = build_backend(t, dist, model)
-        # Elastic: every rank joins the hub, since after a re-form each one fetches the weights.
+        self.sharded = sharded_publish(cfg)
+        # Elastic: every rank joins the hub, since after a re-form each one fetches the weights;
+        # sharded: every rank publishes its partition.
         self.hub = (_hub_client(cfg, hub_address, hub_token, t.location, self.worker_id)
-                    if self.rank == 0 or elastic else None)
+                    if self.rank == 0 or elastic or self.sharded else None)
+        self._shard = Shard()
         self.published: int | None = None
         self._backup: dict[str, torch.Tensor] | None = None  # rank 1's hub replica of the last publish
         self._backup_version: int | None = None
 
     def ready(self) -> dict:
         """Parameter names and shapes (metadata only: the driver's no-weights-through-Ray audit)."""
-        shapes = {n: tuple(p.shape) for n, p in self.backend.named_parameters_for_sync().items()}
+        if self.sharded:  # full shapes from the partitions: no gather
+            shapes = {n: tuple(s) for n, (_, s) in self.backend.named_partitions_for_sync()[2].items()}
+        else:
+            shapes = {n: tuple(p.shape) for n, p in self.backend.named_parameters_for_sync().items()}
         return {"version": self.backend.version, "shapes": shapes,
                 "hub_id": self.hub.worker_id if self.hub is not None else None}
 
@@ -138,7 +150,10 @@ class TrainerWorker:
     def publish(self) -> dict:
         """Register the current weights in the hub as version `backend.version` (no copy); with
         `sync.mode=object_store` put them in Ray's object store, with `broadcast` keep them for the
-        driver's `broadcast_weights` call (weight_channels.py)."""
+        driver's `broadcast_weights` call (weight_channels.py). Sharded (`trainer.publish`): every rank
+        registers its own live ZeRO-3 partition (`bytes` = this rank's share), no gather."""
+        if self.sharded:
+            return self._publish_sharded()
         tensors = self.backend.named_parameters_for_sync()  # a collective under ZeRO-3: every rank calls
         v = self.backend.version
         nbytes = _nbytes(tensors)
@@ -163,6 +178,16 @@ class TrainerWorker:
                 out["digest"] = weights_digest(tensors)
         self.clock.enter("waiting_data")
         return out
+
+    def _publish_sharded(self) -> dict:
+        v = self.backend.version
+        rank, layout, live = zero3_layout_of(self.backend)
+        nbytes = sum(p.length * live[p.name].element_size() for p in layout.ranks[rank])
+        publish_shard(self.hub, self.cfg.hub.model_name, v, layout, rank, live)
+        self._shard, self.published = zero_shard(rank, layout.world), v
+        self.clock.event("publish", version=v, bytes=nbytes, shard=rank)
+        self.clock.enter("waiting_data")
+        return {"version": v, "bytes": nbytes}
 
     def set_channel(self, broadcast: tuple | None = None) -> dict:
         """sync.mode object_store: find the run's `RefBoard`; broadcast: (host, port, world_size) of the static
@@ -194,7 +219,7 @@ class TrainerWorker:
         """Give the published version back before the optimizer writes the tensors (mutability contract)."""
         if self.hub is not None and self.published is not None:
             with self.clock.state("releasing"):
-                self.hub.release(self.cfg.hub.model_name, self.published)
+                self.hub.release(self.cfg.hub.model_name, self.published, self._shard)
             self.published = None
 
     def train(self, batch) -> dict[str, float]:
@@ -204,6 +229,8 @@ class TrainerWorker:
             m = self.backend.train_step(batch)
             pub = self.publish()
         m["version"] = pub["version"]
+        # bytes of full-model copies this rank gathered for syncing so far (ZeRO-3 gathered publish; 0 sharded)
+        m["sync/trainer_gathered_bytes"] = float(getattr(self.backend, "gathered_bytes", 0))
         if "digest" in pub:
             m["digest"] = pub["digest"]
         if self.cfg.trainer.elastic.enabled:

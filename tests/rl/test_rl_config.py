@@ -151,7 +151,8 @@ def test_enum_choices_and_unknown_keys_are_refused_with_the_choices():
     with pytest.raises(ConfigCompositionException):
         _compose("+recipe=grpo_standalone", "trainer.elastic.optimizer_state=sometimes")
     assert unknown_override("trainer.lrr=1") == ("unknown config key 'trainer.lrr': trainer has algo, backend, churn, "
-                                                 "elastic, extra_ds_config, location, world_size, zero_stage")
+                                                 "elastic, extra_ds_config, location, publish, world_size, "
+                                                 "zero_stage")
     assert unknown_override("trainer.algo.optimizer.lr=1") is None and unknown_override("pools.x.size=1") is None
 
 
@@ -174,6 +175,10 @@ def test_enum_choices_and_unknown_keys_are_refused_with_the_choices():
     (["pools.main.size=0"], "pools: main.size=0: at least one rollout worker is needed"),
     (["pools.main.engine.temperature=0.5"], "pools.main.engine.temperature=0.5: must equal trainer.algo.temperature=1.0"),
     (["resume=/nonexistent/ckpt"], "resume=/nonexistent/ckpt: must be auto, never or a checkpoint directory"),
+    (["trainer.publish=scattered"], "trainer.publish=scattered: must be one of auto, gathered, sharded"),
+    (["trainer.publish=sharded"], "trainer.publish=sharded needs trainer.backend=deepspeed and trainer.zero_stage=3"),
+    (["trainer.publish=sharded", "trainer.backend=deepspeed", "trainer.zero_stage=3", "sync.mode=broadcast"],
+     "trainer.publish=sharded needs sync.mode=hub"),
 ])
 def test_a_value_out_of_range_or_breaking_a_cross_field_rule_is_refused_naming_key_value_and_rule(overrides, named):
     from rlsync.config import ConfigError
@@ -222,3 +227,17 @@ def test_a_typo_fails_in_seconds_before_ray_starts_naming_the_key(tmp_path):
                             f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
         assert p.returncode != 0 and named in p.stderr, p.stderr[-2000:]
         assert "imported at exit: []" in p.stderr, p.stderr[-2000:]    # neither Ray nor the model packages loaded
+
+
+def test_auto_publish_is_sharded_exactly_where_zero3_partitions_can_be_read():
+    from rlsync.config_rules import sharded_publish
+
+    def cfg(*o):
+        return to_config(_compose("+recipe=grpo_standalone", *o))
+
+    z3 = ("trainer.backend=deepspeed", "trainer.zero_stage=3")
+    assert sharded_publish(cfg(*z3))
+    assert not sharded_publish(cfg()) and not sharded_publish(cfg("trainer.backend=deepspeed", "trainer.zero_stage=2"))
+    assert not sharded_publish(cfg(*z3, "trainer.publish=gathered"))
+    assert not sharded_publish(cfg(*z3, "sync.mode=object_store"))
+    assert not sharded_publish(cfg(*z3, "trainer.elastic.enabled=true"))

@@ -215,3 +215,59 @@ def test_update_waits_for_a_prefetch_started_meanwhile(rig):
     assert rig.engine.generate(rig.prompts[:1]).version == v
     again = rig.stage.update(v)                 # already held: nothing fetched, nothing applied
     assert again.version == v and again.apply_s == 0 and again.nbytes == 0
+
+
+def test_sharded_zero3_version_lands_fused_in_staging_and_applies_exactly(rig):
+    """Issue 20 item 3 (TP=1): a version published as two ZeRO-3 partitions (two hub workers, as a 2-rank
+    trainer does) is read whole by the engine's stage: q/k/v and gate/up land in place as row blocks of one
+    fused staging buffer per layer (vLLM's qkv_proj / gate_up_proj order), every tensor bit-exact against the
+    trainer's, each rank serving only its partition; after the apply vLLM's own fused weight buffers equal the
+    trainer's tensors cast to bf16, and its log-probs follow the new weights."""
+    from rlsync.hub import HubClient, Location
+    from rlsync.hub.reshard import record, zero3_layout
+    from rlsync.hub.reshard_read import publish_shard
+    from rlsync.hub.manifest import dtype_name
+    from rlsync.rollout.vllm_sync import HubWeightStage
+    from vllm_helpers import new_version
+
+    new_version(rig.params, rig.base, seed=21)
+    layout = zero3_layout({n: (tuple(t.shape), dtype_name(t.dtype)) for n, t in rig.params.items()}, 2)
+    ranks, v = [], rig.engine.version + 1
+    try:
+        for r in range(2):
+            c = HubClient(rig.hub.address, token=rig.hub.token)
+            c.join(Location(host="h0"), name=f"zero3-rank{r}")
+            ranks.append(c)
+            live = {}  # this rank's ZeRO-3 partitions (p.ds_tensor: the real elements, then padding)
+            for p in layout.ranks[r]:
+                live[p.name] = torch.zeros(p.length + p.padding, dtype=rig.params[p.name].dtype)
+                live[p.name][:p.length] = rig.params[p.name].reshape(-1)[p.start:p.start + p.length]
+            publish_shard(c, "policy_z3", v, layout, r, live)
+        stage = HubWeightStage(rig.client, rig.engine, "policy_z3", layout=layout)
+        stats = stage.update(v)
+        assert stats.version == v == rig.engine.version
+        staged = stage._staging
+        for n, t in rig.params.items():
+            assert torch.equal(staged[n], t), n
+        q, k, vv = (staged[f"model.layers.0.self_attn.{x}_proj.weight"] for x in "qkv")
+        assert q.untyped_storage().data_ptr() == k.untyped_storage().data_ptr() == vv.untyped_storage().data_ptr()
+        assert k.data_ptr() == q.data_ptr() + q.nbytes and vv.data_ptr() == k.data_ptr() + k.nbytes
+        want = {ranks[r].worker_id: sum(p.length * 4 for p in layout.ranks[r]) + len(record(layout, r)) for r in range(2)}
+        assert stats.bytes_by_source == want
+
+        def fused_buffers(worker, specs):  # the direct apply's persistent buffers, in vLLM's fused layout
+            return {k: t.clone() for k, t in worker.__dict__["_rlsync_direct_plans"][specs].buffers.items()}
+
+        specs = tuple((n, shape) for n, (shape, _) in layout.specs().items())
+        bufs = rig.engine.llm.collective_rpc(fused_buffers, args=(specs,))[0]
+        p = "model.layers.0.self_attn"
+        assert torch.equal(bufs[f"{p}.qkv_proj"], torch.cat([q, k, vv]).to(torch.bfloat16))
+        m = "model.layers.0.mlp"
+        assert torch.equal(bufs[f"{m}.gate_up_proj"], torch.cat([rig.params[f"{m}.gate_proj.weight"],
+                                                                 rig.params[f"{m}.up_proj.weight"]]).to(torch.bfloat16))
+        out = rig.engine.generate(rig.prompts)
+        assert out.version == v and logprob_gap(rig.model, out) < 0.1
+        stage._release(v)
+    finally:
+        for c in ranks:
+            c.leave()

@@ -1,0 +1,80 @@
+"""What a vLLM engine's host staging holds and how it is checked (no I/O, no vLLM import).
+
+    staging = fused_staging(layout)            # whole tensors; q/k/v, gate/up row blocks of fused buffers
+    for name, t in checked_tensors(staging, manifest): ...   # each unit re-checked before it is handed out
+    specs_of(manifest)                          # (name, shape) the direct apply plans with
+
+`rollout.vllm_sync.HubWeightStage` uses these; `rollout.vllm_transfer` (vLLM's weight-transfer backend) too.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Iterator
+
+import torch
+
+from rlsync.hub.reshard import ShardedLayout
+
+
+class WeightIntegrityError(RuntimeError):
+    """Bytes about to be applied do not match the version's manifest checksums."""
+
+
+def checked_tensors(tensors: dict[str, torch.Tensor], manifest, order: Iterable[int] | None = None, *,
+                    verify: bool = True, what: str = "weights") -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (name, tensor) of `tensors` in `order` (manifest tensor indices; all by default), checking
+    each unit against the manifest checksums the first time one of its tensors is handed out.
+    Raises `WeightIntegrityError` at the first mismatch (before that tensor is yielded)."""
+    unit_of: list[list[int]] = [[] for _ in manifest.tensors]
+    for u, unit in enumerate(manifest.units):
+        for ti, _, _ in unit.segments:
+            unit_of[ti].append(u)
+    checked: set[int] = set()
+    for ti in (range(len(manifest.tensors)) if order is None else order):
+        todo = [u for u in unit_of[ti] if u not in checked]
+        if todo and verify:
+            bad = manifest.verify(tensors, todo)
+            if bad:
+                raise WeightIntegrityError(
+                    f"{what}: {len(bad)} unit(s) of {manifest.tensors[ti].name} do not match the "
+                    "version's manifest checksums; update refused")
+        checked.update(todo)
+        spec = manifest.tensors[ti]
+        yield spec.name, tensors[spec.name]
+
+
+FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+"""vLLM's `packed_modules_mapping` for Llama/Qwen2-style models: fused module -> its parts, stacked along dim 0."""
+
+
+def fused_staging(layout: ShardedLayout, fused: dict[str, tuple[str, ...]] = FUSED) -> dict[str, torch.Tensor]:
+    """Whole-tensor staging for `layout`, each fused group's parts (q/k/v, gate/up of one layer: same dtype and
+    trailing shape) row blocks of one buffer laid out like vLLM's fused parameter, so a resharding read lands
+    them there in place; every other tensor its own buffer. Returns name -> tensor (views for the parts)."""
+    from rlsync.hub.manifest import dtype_from_name
+
+    specs = layout.specs()
+    out: dict[str, torch.Tensor] = {}
+    for name, (shape, dt) in specs.items():
+        if name in out:
+            continue
+        for parts in fused.values():
+            stem, leaf = name.rpartition(".")[0].rpartition("."), name.rpartition(".")[2]
+            if stem[2] != parts[0]:
+                continue
+            group = [f"{stem[0]}.{p}.{leaf}" for p in parts]
+            got = [specs.get(g) for g in group]
+            if all(g is not None and len(g[0]) >= 1 and g[0][1:] == shape[1:] and g[1] == dt for g in got):
+                buf = torch.empty((sum(g[0][0] for g in got), *shape[1:]), dtype=dtype_from_name(dt))
+                row = 0
+                for g, (gs, _) in zip(group, got):
+                    out[g] = buf[row:row + gs[0]]
+                    row += gs[0]
+            break
+        if name not in out:
+            out[name] = torch.empty(shape, dtype=dtype_from_name(dt))
+    return out
+
+
+def specs_of(manifest) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """(name, shape) of every tensor of a version: what the engine's direct apply plans with."""
+    return tuple((s.name, tuple(s.shape)) for s in manifest.tensors)
