@@ -132,7 +132,7 @@ class ReshardReader:
         _check(into, {n: s for n, (s, _) in specs.items()}, {n: dt for n, (_, dt) in specs.items()})
         out = ReshardResult(-1, into, {}, list(range(self.layout.world)))
         for r in range(self.layout.world):  # the first resolves "latest"; the others are pinned to it
-            version = self._fetch(r, version, whole_views(self.layout, r, into), out.bytes_by_source, out)
+            version = self._fetch(r, version, whole_views(self.layout, r, into), out.bytes_by_source, out=out)
         out.version = int(version)
         return out
 
