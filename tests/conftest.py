@@ -25,6 +25,7 @@ LONGEST_FIRST = [
     "vllm/test_vllm_weight_transfer.py",
     "rl/test_plugins.py",
     "trainer/test_trainer_backend_deepspeed.py",
+    "rl/test_zero3_sharded_rl.py",
     "trainer/test_zero3_sharded_publish.py",
     "hub/test_faults.py",
     "rl/test_rl_config.py",
