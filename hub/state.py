@@ -35,7 +35,7 @@ from .state_fetches import Fetches, check_into_spec
 from .state_index import FetchTable, ReplicaTable, StateIndex
 from .state_records import (DONE, PENDING, SEED, FetchRec, ModelRec, Pin, Plan, Release, ReplicaRec,
                             VersionRec, WorkerRec)
-from .state_releases import Releases
+from .state_releases import ReleaseEvents, Releases
 from .state_versions import Versions
 from .state_workers import Workers
 
@@ -79,6 +79,8 @@ class HubState(Workers, Versions, Fetches, Releases, Deltas):
         self.replicas: dict[str, ReplicaRec] = ReplicaTable(self._index)
         self.fetches: dict[str, FetchRec] = FetchTable(self._index)
         self.pending_releases: set[str] = set()
+        self._release_events = ReleaseEvents(self.pending_releases)  # what poll_releases must re-check
+        self._index.events = self._release_events
         self.handoffs: dict[str, str] = {}     # releasing replica id -> seed worker asked to take it
         self.suspects: dict[str, float] = {}   # replica id -> no new reads until this time
         self._ids = itertools.count(1)

@@ -47,10 +47,7 @@ class Fetches:
             stale = next(iter(self._relay_fetches(relay_id)), None)
             if stale is None:
                 if pin is not None:
-                    m.pins[group[0]] = pin
-                    pin.served.add(shard.key)
-                    if len(pin.served) >= pin.size:
-                        del m.pins[group[0]]
+                    self._pin(m, group[0], pin, shard.key)
                 return Plan("", ver, manifest, [], held=True)
             # The reader asks again for a fetch it has open: its first answer was lost (hub restart,
             # timeout). The old plan was never used; it is replaced below.
@@ -69,10 +66,7 @@ class Fetches:
         if stale is not None:
             del self.fetches[stale]
         if pin is not None:
-            m.pins[group[0]] = pin
-            pin.served.add(shard.key)
-            if len(pin.served) >= pin.size:
-                del m.pins[group[0]]
+            self._pin(m, group[0], pin, shard.key)
         fid = f"f{self._prefix}{next(self._ids)}"  # the epoch prefix: a restarted hub never reuses an id
         self.fetches[fid] = FetchRec(fid, wid, model, ver, shard.key, assignment, relay_id, self.clock())
         self.replicas[relay_id] = ReplicaRec(relay_id, wid, model, ver, shard.key, "live", full=False)
@@ -80,6 +74,14 @@ class Fetches:
                     [(self.replicas[rid], self.workers[self.replicas[rid].worker], units)
                      for rid, units in assignment.items()])
 
+
+    def _pin(self, m, gname: str, pin: Pin, shard_key: str) -> None:
+        """A reader group's member is answered: the group stays on `pin`'s version until all are."""
+        m.pins[gname] = pin
+        pin.served.add(shard_key)
+        if len(pin.served) >= pin.size:
+            del m.pins[gname]
+        self._release_events.model(m.name)  # pins keep a version retained
 
     def resolve_version(self, m, model: str, version: int | str) -> int:
         """The committed version `version` ('latest' or an int) names, or a typed error."""
@@ -258,7 +260,9 @@ class Fetches:
             raise E.UnknownFetchError(f"unknown fetch {fid!r} for worker {wid}")
         del self.fetches[fid]
         if ok:
-            self.replicas[f.relay].full = True
+            r = self.replicas[f.relay]
+            r.full = True
+            self._release_events.shard(r.model, r.version, r.shard)
         else:
             self.replicas.pop(f.relay, None)
 

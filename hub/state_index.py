@@ -48,6 +48,7 @@ def place_keys(loc: Location) -> tuple[tuple, tuple, tuple]:
 class StateIndex:
     def __init__(self, workers: dict) -> None:
         self.workers = workers
+        self.events = None  # HubState's ReleaseEvents: the writes a pending release depends on
         self.replicas: ReplicaTable | None = None
         self.fetches: FetchTable | None = None
         self.reset()
@@ -78,6 +79,8 @@ class StateIndex:
     # ------------------------------------------------------------------ replicas
     def replica_added(self, rid: str, r) -> None:
         key = (r.model, r.version, r.shard)
+        if self.events is not None:
+            self.events.shard(*key)
         _add(self.shard_replicas, key, rid)
         _add(self.worker_replicas, r.worker, rid)
         self.replica_versions.setdefault(r.model, Counter())[r.version] += 1
@@ -96,6 +99,8 @@ class StateIndex:
 
     def replica_removed(self, rid: str, r) -> None:
         key = (r.model, r.version, r.shard)
+        if self.events is not None:
+            self.events.shard(*key)
         _discard(self.shard_replicas, key, rid)
         _discard(self.worker_replicas, r.worker, rid)
         c = self.replica_versions[r.model]
@@ -117,6 +122,8 @@ class StateIndex:
 
     # ------------------------------------------------------------------ fetches and their sources
     def fetch_added(self, fid: str, f) -> None:
+        if self.events is not None:
+            self.events.version(f.model, f.version)
         _add(self.shard_fetches, (f.model, f.version, f.shard), fid)
         _add(self.relay_fetches, f.relay, fid)
         _add(self.reader_fetches, f.reader, fid)
@@ -126,6 +133,8 @@ class StateIndex:
         self._recross(fid)
 
     def fetch_removed(self, fid: str, f) -> None:
+        if self.events is not None:
+            self.events.version(f.model, f.version)
         _discard(self.shard_fetches, (f.model, f.version, f.shard), fid)
         _discard(self.relay_fetches, f.relay, fid)
         _discard(self.reader_fetches, f.reader, fid)
@@ -144,12 +153,16 @@ class StateIndex:
         r = self.replicas.get(rid)
         if r is not None:
             self.load[r.worker] += 1
+            if self.events is not None:
+                self.events.shard(r.model, r.version, r.shard)
 
     def _source_removed(self, fid: str, rid: str) -> None:
         _discard(self.readers_of, rid, fid)
         r = self.replicas.get(rid)
         if r is not None:
             self.load[r.worker] -= 1
+            if self.events is not None:
+                self.events.shard(r.model, r.version, r.shard)
 
     def source_changed(self, fid: str, rid: str, added: bool) -> None:
         if fid not in self.fetches:
@@ -225,6 +238,8 @@ class ReplicaTable(_Watched):
         old = self.get(rid)
         if old is not None and (old.worker, old.model, old.version, old.shard) == (r.worker, r.model, r.version, r.shard):
             super().__setitem__(rid, r)  # the same place in every index (ids only): nothing moves
+            if self.index.events is not None:  # but its flags may differ
+                self.index.events.shard(r.model, r.version, r.shard)
             return
         if old is not None:
             self.index.replica_removed(rid, old)

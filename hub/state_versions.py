@@ -69,6 +69,7 @@ class Versions:
             v.committed = True
             m.committed.append(version)
             m.committed.sort()
+            self._release_events.model(model)  # older versions may leave retention
             log.info("committed %s v%d (%d shard%s)", model, version, shard.group_count,
                      "s" if shard.group_count > 1 else "")
             self._forget_old(m)
@@ -85,6 +86,7 @@ class Versions:
             del m.versions[v]
         m.committed = [v for v in m.committed if v in m.versions]
         m.forgot_below = below
+        self._release_events.model(m.name)
 
     def restore_committed(self, model: str, version: int, group: tuple[int, int],
                           manifests: dict[str, Manifest]) -> None:
@@ -94,6 +96,7 @@ class Versions:
         if version not in m.committed:
             m.committed.append(version)
             m.committed.sort()
+            self._release_events.model(model)
 
     def register_replica(self, wid: str, model: str, version: int, shard: Shard, slot: str,
                          manifest: Manifest, origin: bool = False) -> str:
@@ -120,4 +123,5 @@ class Versions:
             for fid in self._relay_fetches(rid):
                 del self.fetches[fid]
             rec.full = True
+            self._release_events.shard(model, version, shard.key)
         return rid

@@ -30,6 +30,8 @@ class Workers:
                 # The same process joining again (two of its threads saw NotJoined at once, or a
                 # re-join's answer was lost): keep the replicas it serves and the fetches it runs.
                 moved = old.location != location
+                if moved or "seed" in (old.role, role) or wid_is_target(self, old.id):
+                    self._release_events.all()  # seed candidates and hand-off targets
                 old.name, old.location, old.role, old.follow = name, location, role, follow
                 old.last_seen = self.clock()
                 if moved:
@@ -38,6 +40,8 @@ class Workers:
             self.remove_worker(worker_id)  # another process claims the id: the old registration goes
         wid = worker_id or f"w{self._prefix}{next(self._ids)}"
         self.workers[wid] = WorkerRec(wid, name, location, endpoint, self.clock(), role, follow)
+        if role == "seed" or wid_is_target(self, wid):
+            self._release_events.all()
         if wid in self._index.worker_replicas or wid in self._index.reader_fetches:
             self._index.rebuild()  # records of an id nobody held were indexed without a location
         return wid
@@ -51,7 +55,9 @@ class Workers:
 
     def remove_worker(self, wid: str) -> list[str]:
         """Forget a worker (leave or expiry): its replicas, its fetches as reader. Returns replica ids."""
-        self.workers.pop(wid, None)
+        w = self.workers.pop(wid, None)
+        if w is not None and (w.role == "seed" or wid_is_target(self, wid)):
+            self._release_events.all()
         idx = self._index
         gone = list(idx.worker_replicas.get(wid, ()))
         for fid in list(idx.reader_fetches.get(wid, ())):
@@ -124,3 +130,8 @@ class Workers:
                 "models": {n: {"latest": m.latest, "committed": m.committed[-5:],
                                "retained": [v for v in m.versions if self.is_retained(n, v)]}
                            for n, m in self.models.items()}}
+
+
+def wid_is_target(state, wid: str) -> bool:
+    """`wid` is a seed worker some pending hand-off waits for (its arrival or loss changes that release)."""
+    return bool(state.handoffs) and wid in state.handoffs.values()

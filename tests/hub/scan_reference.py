@@ -11,7 +11,7 @@ from rlsync.hub.location import CROSS_DC
 from rlsync.hub.planner import Planner, Source
 from rlsync.hub.replica_id import ReplicaId
 from rlsync.hub.retention import drop_seed
-from rlsync.hub.state import HubState
+from rlsync.hub.state import PENDING, HubState
 
 
 class ReferencePlanner(Planner):
@@ -123,6 +123,14 @@ class ScanState(HubState):
         return [Source(r.id, r.worker, self.workers[r.worker].location, r.full, self.worker_load(r.worker), r.origin,
                        backup=r.slot == "seed")
                 for r in self._candidates(reader.id, model, ver, shard, exclude_fetch=exclude_fetch)]
+
+    def poll_releases(self):  # every pending release re-evaluated on every poll, events or not
+        out = {}
+        for rid in list(self.pending_releases):
+            res = self.release_step(rid)
+            if res is not PENDING:
+                out[rid] = res
+        return out
 
     def _relay_fetches(self, relay):
         return [f.id for f in self.fetches.values() if f.relay == relay]

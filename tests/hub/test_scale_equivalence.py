@@ -78,7 +78,9 @@ def heartbeat(s: HubState, wid: str):
     return s.drops_for(wid), s.tasks_for(wid)
 
 
-def run_sequence(seed: int, steps: int) -> int:
+def run_sequence(seed: int, steps: int, poll_every_step: bool = False) -> int:
+    """`poll_every_step`: pending releases polled after every operation, as the server does after every
+    pass of its loop (the fast state re-checks only those an event changed: hub/state_releases.py)."""
     rng = random.Random(seed)
     cfg = HubConfig(planner=PlannerConfig(fanout_cap=rng.choice([1, 1, 2, 4]), max_sources=rng.choice([1, 2]),
                                           stripe_min_bytes=rng.choice([1, 1 << 30]), cross_dc_streams=rng.choice([1, 2])),
@@ -158,6 +160,9 @@ def run_sequence(seed: int, steps: int) -> int:
             outs = [call(s, *args) for s in pair]
             assert outs[0] == outs[1], (seed, i, args, outs)
             checked += 1
+        if poll_every_step:
+            outs = [s.poll_releases() for s in pair]
+            assert outs[0] == outs[1], (seed, i, "poll after", op, outs)
         assert state_view(fast) == state_view(ref), (seed, i, op)
         for s in pair:
             assert s.held_versions("p") == ScanState.held_versions(s, "p")
@@ -170,6 +175,11 @@ def run_sequence(seed: int, steps: int) -> int:
 @pytest.mark.parametrize("seed", range(20))
 def test_indexed_state_equals_the_scans(seed):
     assert run_sequence(seed, 300) > 100  # enough operations were answered (not only refused)
+
+
+@pytest.mark.parametrize("seed", range(100, 112))
+def test_releases_rechecked_on_events_finish_when_the_scans_do(seed):
+    assert run_sequence(seed, 300, poll_every_step=True) > 100
 
 
 def test_planner_answers_as_its_reference():
