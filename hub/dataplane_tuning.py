@@ -3,9 +3,10 @@
 Which rlsync path is fastest differs between machines of one kind (docs/performance.md: on one
 2-vCPU host the 2-stream zero-copy send led, on another the copying send was 25% faster and `shm`
 was twice either), so no constant default can be within 5% of the best everywhere. Instead, the
-first read a process makes calibrates once per host: an in-process data-plane server and reader
-move `size` bytes over loopback with every candidate path (interleaved rounds, median), and
-`pick` keeps the fastest per peer class. The result is cached in a small JSON file keyed by host
+first read a process makes calibrates once per host: a data-plane server in a second process
+(rlsync.hub.dataplane_probe, the same source `python -m rlsync.bench transfer` reads) and this
+process's reader move `size` bytes (256 MiB) over loopback with every candidate path (interleaved
+rounds, median), and `pick` keeps the fastest per peer class. The result is cached in a small JSON file keyed by host
 name, kernel release and CPU count (`~/.cache/rlsync/dataplane/`), so later processes on the host
 read it instead of measuring; `python -m rlsync.hub calibrate` measures again.
 
@@ -32,8 +33,9 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 SAME_HOST, REMOTE = "same_host", "remote"
-FORMAT = 2
-"""Bumped when the candidates or the file's layout change: an older cache file is measured anew."""
+FORMAT = 3
+"""Bumped when the candidates, the measurement or the file's layout change: the cache file is named
+by it, so a new format measures anew and processes of older code keep reading theirs."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,27 +98,12 @@ def pick(measured: dict[PathChoice, list[float]], cls: str, transport: str | Non
 
 # ------------------------------------------------------------------ measuring
 def _measure(size: int, rounds: int, candidates: tuple[PathChoice, ...]) -> dict[PathChoice, list[float]]:
-    """GB/s of each usable candidate moving `size` bytes over loopback in this process (source and
-    reader on their own threads; every byte still crosses the kernel as between two processes)."""
-    import torch
-
-    from .dataplane import DataPlaneConfig, DataServer, read_from_source
+    """GB/s of each usable candidate moving `size` bytes from a source process to this one
+    (rlsync.hub.dataplane_probe: a real DataServer, the reader's framing, tickets and checksums)."""
+    from .dataplane_probe import ProbeSource
     from .errors import TransportUnavailableError
-    from .manifest import ManifestConfig, build_manifest
-    from .store import LocalReplica, ReplicaStore
-    from .tickets import ReaderKey, Ticket, TicketSigner, TicketVerifier
-    from .transports import available_transports, get_transport
-    from .transports.shm import boot_id
+    from .transports import get_transport
 
-    src = {"w": torch.randint(0, 256, (size,), dtype=torch.uint8)}
-    dst = {"w": torch.zeros(size, dtype=torch.uint8)}  # touched: first-touch faults are not timed
-    manifest = build_manifest(src, ManifestConfig())
-    store, signer, reader = ReplicaStore(), TicketSigner(), ReaderKey()
-    store.add(LocalReplica("calibrate", manifest, src, full=True))
-    server = DataServer(store, DataPlaneConfig(io_timeout_s=30.0))
-    server.worker_id, server.verifier = "self", TicketVerifier(signer.public_bytes)
-    endpoint = {"tcp": server.address, "pid": os.getpid(), "boot_id": boot_id(), "host": "self",
-                "transports": available_transports()}
     usable = []
     for c in candidates:
         try:
@@ -125,23 +112,19 @@ def _measure(size: int, rounds: int, candidates: tuple[PathChoice, ...]) -> dict
         except TransportUnavailableError:
             pass
     out: dict[PathChoice, list[float]] = {c: [] for c in usable}
-    units = list(range(len(manifest.units)))
+    src = ProbeSource(size)
     try:
-        for r in range(rounds + 1):  # round 0 warms up, untimed
+        usable = [c for c in usable if c.transport in src.endpoint["transports"]]
+        for r in range(rounds + 1):  # round 0 warms up, untimed; rounds interleave the candidates
             for c in usable:
                 t = get_transport(c.transport)
                 t.zero_copy = c.zero_copy
-                ticket = signer.sign(Ticket(f"cal{r}", "reader", reader.public_bytes, "self", "calibrate",
-                                            time.time() + 300))
-                dest = LocalReplica("calibrate:dest", manifest, dst, full=False)
-                t0 = time.perf_counter()
-                n = read_from_source(t, endpoint, ticket, "calibrate", units, dest, 30.0, streams=c.streams,
-                                     reader=reader)
+                g = src.read(t, c.streams)
                 if r:
-                    out[c].append(n / (time.perf_counter() - t0) / 1e9)
+                    out[c].append(g)
     finally:
-        server.close()
-    return out
+        src.close()
+    return {c: v for c, v in out.items() if v}
 
 
 # ------------------------------------------------------------------ the cache
@@ -182,8 +165,14 @@ class Calibration:
         return cls(measured, int(d["size_bytes"]), float(d["loadavg"]), float(d["when"]), str(d["host"]))
 
 
-def calibrate(size: int = 128 << 20, rounds: int = 4) -> Calibration:
-    """Measure every candidate here now and pick per peer class (about a second on an idle 2-core host)."""
+CALIBRATION_BYTES = 256 << 20
+"""What the calibration moves per read: 32 units of 8 MiB, so per-unit costs and several streams
+count as in a model's fetch (at 128 MiB in one process the choice did not predict 1 GiB reads)."""
+
+
+def calibrate(size: int = CALIBRATION_BYTES, rounds: int = 4) -> Calibration:
+    """Measure every candidate here now and pick per peer class (a few seconds on an idle 2-core host:
+    the source process's start-up, then 5 rounds of every candidate)."""
     load = os.getloadavg()[0]
     measured = _measure(size, rounds, CANDIDATES)
     cal = Calibration({c: [round(x, 4) for x in v] for c, v in measured.items()}, size, load, time.time(), host_key())
@@ -209,7 +198,7 @@ def load_or_calibrate(refresh: bool = False) -> Calibration:
             return _loaded
         d = cache_dir()
         d.mkdir(parents=True, exist_ok=True)
-        path = d / f"{host_key()}.json"
+        path = d / f"{host_key()}-f{FORMAT}.json"  # per format: processes of older code keep their own file
         with open(d / f"{host_key()}.lock", "w") as lk:
             fcntl.flock(lk, fcntl.LOCK_EX)
             cal = None if refresh else _read(path)

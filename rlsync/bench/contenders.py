@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-import multiprocessing as mp
-import os
 import socket
 import subprocess
 import time
@@ -17,9 +15,6 @@ from pathlib import Path
 from .provision import Skip, ensure_iperf3, ensure_mooncake
 
 log = logging.getLogger(__name__)
-
-_REPLICA = "bench:live"
-
 
 class Contender(ABC):
     name: str
@@ -37,81 +32,25 @@ class Contender(ABC):
         pass
 
 
-def _serve_source(size: int, chunk_bytes: int, public_key: bytes, pipe) -> None:
-    """Child process: hold `size` bytes as a full replica and serve them until told to stop.
-    (The reader picks the native engine's send mode per request.)"""
-    import torch
-
-    from rlsync.hub.dataplane import DataPlaneConfig, DataServer
-    from rlsync.hub.manifest import ManifestConfig, build_manifest
-    from rlsync.hub.store import LocalReplica, ReplicaStore
-    from rlsync.hub.tickets import TicketVerifier
-    from rlsync.hub.transports import available_transports
-    from rlsync.hub.transports.shm import boot_id
-
-    block = torch.randint(0, 256, (1 << 20,), dtype=torch.uint8)
-    data = block.repeat(size // block.numel() + 1)[:size].clone()  # touched: warm
-    tensors = {"weights": data}
-    manifest = build_manifest(tensors, ManifestConfig(chunk_bytes=chunk_bytes))
-    store = ReplicaStore()
-    store.add(LocalReplica(_REPLICA, manifest, tensors, full=True))
-    server = DataServer(store, DataPlaneConfig())
-    server.worker_id, server.verifier = "source", TicketVerifier(public_key)
-    pipe.send({"endpoint": {"tcp": server.address, "pid": os.getpid(), "boot_id": boot_id(), "host": "local",
-                            "transports": available_transports()},
-               "manifest": manifest.to_wire()})
-    while pipe.recv() != "stop":
-        pass
-    server.close()
-
-
 class RlsyncSource:
-    """The source process every rlsync contender reads from, and the reader-side state they share."""
+    """The source process every rlsync contender reads from (rlsync.hub.dataplane_probe: the same
+    source the data-path calibration measures against), and the reader-side state they share."""
 
     def __init__(self, size: int, chunk_bytes: int) -> None:
-        import torch
+        from rlsync.hub.dataplane_probe import ProbeSource
 
-        from rlsync.hub.manifest import Manifest
-        from rlsync.hub.tickets import ReaderKey, Ticket, TicketSigner
-
-        signer = TicketSigner()
-        self.reader = ReaderKey()
-        ctx = mp.get_context("spawn")
-        self._pipe, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve_source, args=(size, chunk_bytes, signer.public_bytes, child), daemon=True)
-        self._proc.start()
-        if not self._pipe.poll(300):
-            raise RuntimeError("the rlsync source process did not start within 300 s")
-        hello = self._pipe.recv()
-        self.endpoint = hello["endpoint"]
-        self.manifest = Manifest.from_wire(hello["manifest"])
-        self.ticket = signer.sign(Ticket("bench", "reader", self.reader.public_bytes, "source", _REPLICA, time.time() + 24 * 3600))
-        self.into = {"weights": torch.zeros(size, dtype=torch.uint8)}  # zeros: pages touched, warm
-        self.mine = {"boot_id": self.endpoint["boot_id"], "host": self.endpoint["host"]}  # a same-host reader
+        self.probe = ProbeSource(size, chunk_bytes)
+        self.endpoint, self.manifest = self.probe.endpoint, self.probe.manifest
 
     def read(self, transport_name: str | None, streams: int | None, zero_copy: bool | None = True) -> float:
         """One read of every unit; None fields: what a client's reader picks (rlsync.hub.dataplane_tuning)."""
-        from rlsync.hub.dataplane import read_from_source
         from rlsync.hub.dataplane_tuning import choose_path
-        from rlsync.hub.store import LocalReplica
 
-        transport, streams = choose_path(self.mine, self.endpoint, transport_name, streams, zero_copy)
-        dest = LocalReplica("bench:dest", self.manifest, self.into, full=False)
-        units = list(range(len(self.manifest.units)))
-        t0 = time.perf_counter()
-        n = read_from_source(transport, self.endpoint, self.ticket, _REPLICA, units, dest, 60.0, streams=streams, reader=self.reader)
-        dt = time.perf_counter() - t0
-        assert dest.complete and n == self.manifest.nbytes
-        return n / dt / 1e9
+        transport, streams = choose_path(self.probe.mine, self.endpoint, transport_name, streams, zero_copy)
+        return self.probe.read(transport, streams)
 
     def close(self) -> None:
-        try:
-            self._pipe.send("stop")
-        except OSError:
-            pass
-        self._proc.join(timeout=10)
-        if self._proc.is_alive():
-            self._proc.kill()
+        self.probe.close()
 
 
 class RlsyncContender(Contender):

@@ -8,7 +8,8 @@ Two DeepSpeed ZeRO-3 ranks (CPU, gloo) hold a random-init Llama. Per repetition 
 and (b) runs the baseline: every rank all-gathers the model (`named_parameters_for_sync`) and rank 0
 publishes the gathered copy as version v of `policy_gathered`. The trainer's publish time is the
 slower rank's, from the call to its return. Then 4 whole-tensor readers and one TP=2 reader group
-(fused qkv and gate_up row blocks, o_proj and down_proj column blocks, the rest whole) read the
+(fused qkv and gate_up row blocks, o_proj and down_proj column blocks, embeddings and lm_head
+vocabulary row blocks, norms whole) read the
 sharded version; every tensor is compared bit for bit with the gathered version (fetched as usual),
 and the bytes each source served are printed. JSON keys: `exact`, `publish_ratio_vs_gather`.
 """
@@ -116,7 +117,7 @@ class Ranks:
 
 def tp_dests(names: list[str], k: int, parts: int = 2):
     """A vLLM-like TP rank's destinations: fused qkv and gate_up row blocks, o/down column blocks,
-    everything else whole."""
+    embed_tokens and lm_head row blocks (vocabulary-parallel), everything else (norms) whole."""
     from rlsync.hub.reshard import Dest, Slice
 
     out, used = [], set()
@@ -133,7 +134,8 @@ def tp_dests(names: list[str], k: int, parts: int = 2):
         if n in used:
             continue
         col = ".o_proj." in n or ".down_proj." in n
-        out.append(Dest.of(Slice(n, 1, k, parts) if col else Slice(n)))
+        vocab = "embed_tokens." in n or "lm_head." in n  # vLLM's VocabParallelEmbedding / ParallelLMHead
+        out.append(Dest.of(Slice(n, 1, k, parts) if col else Slice(n, 0, k, parts) if vocab else Slice(n)))
     return out
 
 
@@ -200,7 +202,8 @@ def run(hidden: int, layers: int, reps: int, readers: int, command: str = "") ->
             want = expected_tp(ref, dests)
             exact &= all(same_bytes(got.tensors[n], want[n]) for n in want)
             per_reader.append({"reader": f"tp{k} of 2", "seconds": round(time.perf_counter() - t0, 4),
-                               "bytes_by_source": got.bytes_by_source, "shards": got.shards_fetched})
+                               "bytes_by_source": got.bytes_by_source, "shards": got.shards_fetched,
+                               "fraction_of_model": round(sum(got.bytes_by_source.values()) / nbytes, 3)})
     finally:
         for c in clients:
             c.leave()
@@ -237,7 +240,8 @@ def main(argv: list[str]) -> int:
           f"ratio {res['publish_ratio_vs_gather']} (paired {res['paired_publish_ratio_vs_gather']})")
     for r in res["readers"]:
         src = ", ".join(f"{w}: {n / 1e6:.2f} MB" for w, n in r["bytes_by_source"].items())
-        print(f"  {r['reader']:10s} {r['seconds']:.3f} s  bytes per source: {src}")
+        frac = f" ({r['fraction_of_model']:.2f} of the model)" if "fraction_of_model" in r else ""
+        print(f"  {r['reader']:10s} {r['seconds']:.3f} s  bytes per source: {src}{frac}")
     print(f"exact: {res['exact']}")
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
