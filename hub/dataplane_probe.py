@@ -2,7 +2,8 @@
 `DataServer` in a second process, read by this one as a fetch would (ticket, framing, per-unit xxh3).
 
 Used by the data-path calibration (rlsync.hub.dataplane_tuning) and by `python -m rlsync.bench
-transfer`, so both measure the same thing. The source is a separate process on purpose: with the
+transfer`, so both measure the same thing. The source is a separate process on purpose (a plain
+`python -m rlsync.hub.dataplane_probe` subprocess, so it starts from daemonic processes too): with the
 source in the reader's own process (the calibration before) the server's and the reader's Python
 loops share one GIL and `shm` reads its own address space: that calibration (128 MiB) had the TCP
 paths ~30% slower and `shm x2` ~75% faster than the benchmark between two processes measured them an
@@ -14,15 +15,19 @@ hour later (1 GiB, docs/performance.md), and picked a path 0.72x the best one.
 """
 from __future__ import annotations
 
-import multiprocessing as mp
+import json
 import os
+import subprocess
+import sys
+import threading
 import time
 
 _REPLICA = "probe:live"
 
 
-def _serve(size: int, chunk_bytes: int, public_key: bytes, pipe) -> None:
-    """Child process: hold `size` bytes as a full replica and serve them until told to stop."""
+def _serve(size: int, chunk_bytes: int, public_key: bytes) -> None:
+    """Child process: hold `size` bytes as a full replica, print where it is served (one JSON line
+    on stdout), and serve it until stdin closes (the reader's stop, or its death)."""
     import torch
 
     from .dataplane import DataPlaneConfig, DataServer
@@ -40,14 +45,10 @@ def _serve(size: int, chunk_bytes: int, public_key: bytes, pipe) -> None:
     store.add(LocalReplica(_REPLICA, manifest, tensors, full=True))
     server = DataServer(store, DataPlaneConfig())
     server.worker_id, server.verifier = "source", TicketVerifier(public_key)
-    pipe.send({"endpoint": {"tcp": server.address, "pid": os.getpid(), "boot_id": boot_id(), "host": "local",
-                            "transports": available_transports()},
-               "manifest": manifest.to_wire()})
-    try:
-        while pipe.recv() != "stop":
-            pass
-    except EOFError:  # the reader died: stop serving
-        pass
+    print(json.dumps({"endpoint": {"tcp": server.address, "pid": os.getpid(), "boot_id": boot_id(), "host": "local",
+                                   "transports": available_transports()},
+                      "manifest": manifest.to_wire()}), flush=True)
+    sys.stdin.read()
     server.close()
 
 
@@ -62,18 +63,26 @@ class ProbeSource:
 
         signer = TicketSigner()
         self.reader = ReaderKey()
-        ctx = mp.get_context("spawn")
-        self._pipe, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve, args=(size, chunk_bytes, signer.public_bytes, child), daemon=True)
-        self._proc.start()
-        child.close()
+        # A plain subprocess, not multiprocessing: it works from daemonic processes, and never
+        # re-imports the caller's __main__ (a script without a main guard would run again).
+        self._proc = subprocess.Popen([sys.executable, "-m", "rlsync.hub.dataplane_probe", str(size), str(chunk_bytes),
+                                       signer.public_bytes.hex()], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      text=True)
+        watchdog = threading.Timer(start_timeout_s, self._proc.kill)  # a hung start ends in EOF below
+        watchdog.start()
         try:
-            if not self._pipe.poll(start_timeout_s):
-                raise RuntimeError(f"the data-path probe source did not start within {start_timeout_s:.0f} s")
-            hello = self._pipe.recv()
+            line = ""
+            while not line.startswith("{"):  # skip anything else an import may print
+                line = self._proc.stdout.readline()
+                if not line:
+                    raise RuntimeError(f"the data-path probe source exited before serving (code {self._proc.poll()}; "
+                                       f"killed after {start_timeout_s:.0f} s if it hung)")
+            hello = json.loads(line)
         except BaseException:
             self.close()
             raise
+        finally:
+            watchdog.cancel()
         self.endpoint = hello["endpoint"]
         self.manifest = Manifest.from_wire(hello["manifest"])
         self.ticket = signer.sign(Ticket("probe", "reader", self.reader.public_bytes, "source", _REPLICA,
@@ -98,10 +107,16 @@ class ProbeSource:
 
     def close(self) -> None:
         try:
-            self._pipe.send("stop")
+            self._proc.stdin.close()  # the source's stop
         except OSError:
             pass
-        self._proc.join(timeout=10)
-        if self._proc.is_alive():
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
             self._proc.kill()
-            self._proc.join(timeout=5)
+            self._proc.wait(timeout=5)
+        self._proc.stdout.close()
+
+
+if __name__ == "__main__":  # python -m rlsync.hub.dataplane_probe SIZE CHUNK_BYTES PUBLIC_KEY_HEX
+    _serve(int(sys.argv[1]), int(sys.argv[2]), bytes.fromhex(sys.argv[3]))
