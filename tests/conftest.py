@@ -23,6 +23,7 @@ LONGEST_FIRST = [
     "rl/test_pools.py",
     "vllm/test_vllm_engine.py",
     "vllm/test_vllm_weight_transfer.py",
+    "vllm/test_vllm_tp.py",
     "rl/test_plugins.py",
     "trainer/test_trainer_backend_deepspeed.py",
     "rl/test_zero3_sharded_rl.py",
