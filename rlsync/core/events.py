@@ -41,13 +41,16 @@ class FetchEvent:
     """The first fetch of a worker joining a running job."""
     recover: bool = False
     """A trainer rank taking the latest committed weights back after its group re-formed."""
+    mode: str = "full"
+    """How it arrived (the hub's FetchResult.mode): 'full', 'delta' (a chain of deltas onto the version
+    held; `bytes` is then the delta bytes) or 'held'."""
 
     @classmethod
     def from_result(cls, got: Any, **extra: Any) -> "FetchEvent":
         """From a hub `FetchResult` (version, nbytes, seconds, bytes_by_source, transports)."""
         return cls(version=got.version, bytes=got.nbytes, seconds=got.seconds, sources=tuple(sorted(got.bytes_by_source)),
                    bytes_by_source=dict(got.bytes_by_source), transports=tuple(sorted(set(got.transports.values()))),
-                   **extra)
+                   **({"mode": got.mode} if isinstance(getattr(got, "mode", None), str) else {}), **extra)
 
     def attrs(self) -> dict[str, Any]:
         """The stall-clock event attributes (plain, picklable)."""

@@ -139,6 +139,9 @@ class RolloutWorker:
                 with self.clock.state("loading_weights"):
                     if self.staged:
                         return self.engine.update_latest()
+                    if self.cfg.sync.deltas and self.engine.version >= 0:  # the held version stays until v is built
+                        return self.hub.fetch_delta(name, "latest", into=self.engine.named_parameters_for_sync(),
+                                                    fallback=True)
                     self._release_held(name)
                     if self.reader is not None:
                         return self.reader.read_whole("latest", into=self.engine.named_parameters_for_sync())

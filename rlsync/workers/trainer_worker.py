@@ -171,7 +171,10 @@ class TrainerWorker:
             self._to_send = (v, tensors)  # live tensors; sent before the next step writes them
             self.clock.event("publish", version=v, bytes=nbytes)
         elif self.rank == 0:
-            self.hub.publish(self.cfg.hub.model_name, v, {k: x.contiguous() for k, x in tensors.items()})
+            live = {k: x.contiguous() for k, x in tensors.items()}
+            self.hub.publish(self.cfg.hub.model_name, v, live)
+            if self.cfg.sync.deltas:  # v's delta from the last version (a copy of it is kept here)
+                self.hub.publish_delta(self.cfg.hub.model_name, v, live)
             self.published = v
             self.clock.event("publish", version=v, bytes=nbytes)
             if self.cfg.trainer.elastic.enabled:  # what a recovery must reproduce bit for bit (docs/elastic.md)

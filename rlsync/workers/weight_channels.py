@@ -46,6 +46,10 @@ class SyncConfig:
     reloads: the verl/OpenRLHF shape) or `broadcast` (one static gloo group, all engines block: NCCL's shape)."""
     broadcast_timeout_s: float = 900.0
     """broadcast: longest a member waits in the collective (the slowest engine's batch included)."""
+    deltas: bool = False
+    """hub: the trainer also publishes each version's delta from the previous one (hub `publish_delta`:
+    one host copy of the weights, an encode per step), and an engine that holds the previous version
+    takes the chain of deltas when the hub says it is cheaper than the full version (docs/deltas.md)."""
 
 
 class SyncModeError(ValueError):

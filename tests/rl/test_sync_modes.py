@@ -48,3 +48,18 @@ def test_broadcast_refuses_a_pool_that_can_change_size(tiny_cfg):
     cfg.sync.mode = "carrier_pigeon"
     with pytest.raises(SyncModeError, match="known: hub, object_store, broadcast"):
         check_config(cfg)
+
+
+@pytest.mark.timeout(400)
+def test_hub_deltas_bring_an_engine_forward_by_delta(ray_address, tiny_cfg):
+    """sync.deltas: the trainer publishes each version's delta; the engine, holding the previous version,
+    takes it (the hub told to always prefer a chain: on one host its estimate picks the full copy)."""
+    cfg = tiny_cfg(steps=3, timeout_s=300, **{"sync.deltas": True})
+    cfg.hub.server.delta.mode = "always"
+    Driver(cfg, cfg.run_dir).run()
+    rows = read_jsonl(f"{cfg.run_dir}/metrics.jsonl")
+    assert [r["version"] for r in rows if "version" in r] == [1, 2, 3]
+    fetches = _fetch_sources(cfg.run_dir)
+    deltas = [f for f in fetches if f["mode"] == "delta"]
+    assert deltas and all(0 < f["bytes"] < MODEL_BYTES for f in deltas)   # verified against v's checksums
+    assert all(f["mode"] == "full" and f["bytes"] == MODEL_BYTES for f in fetches if f not in deltas)
