@@ -10,8 +10,8 @@ manifest), so a publisher that wants slice readers to move little cuts its shard
 
 The reader is not a relay: it holds only part of the shard, so it tells the hub the fetch did not
 complete (`fetch_done(ok=False)`: the hub forgets the relay it advertised while planning) and
-registers nothing. A reader the hub planned on that relay meanwhile finds it gone and re-plans, as
-for a relay that failed. A shard this worker already holds in full is copied from it (no transfer).
+registers nothing. Until then its data server answers for that relay as for a failed one, so a
+reader the hub planned on it is refused at once and re-plans. A shard this worker already holds in full is copied from it (no transfer).
 """
 from __future__ import annotations
 
@@ -50,9 +50,17 @@ def fetch_units(hub, model: str, version: int | str, shard: Shard, into: dict[st
         res = hub.fetch(model, plan["version"], into=into, shard=shard)
         return PartialResult(res.version, list(range(len(res.manifest.units))), {}, res.manifest)
     fid, ver = plan["fetch_id"], plan["version"]
+    relay, stub = ReplicaId(wid, model, ver, shard.key).wire, None
     try:
         manifest = hub._manifests.take(plan, have, model, shard)
         manifest.check_buffers(into)
+        if hub.store.get(relay) is None:
+            # The hub advertised this fetch as a relay while planning. Serve it as a failed one until
+            # the fetch ends, so a reader planned on it is refused at once and re-plans (else it waits
+            # `register_wait_s`, 5 s, for a relay that never registers: seen in docs/vllm.md).
+            stub = LocalReplica(relay, manifest, dict(into), full=False)
+            stub.fail("a partial reader holds part of the shard: it is not a relay")
+            hub.store.add(stub)
         units = sorted(set(want(manifest)))
         if any(not isinstance(u, int) or not 0 <= u < len(manifest.units) for u in units):
             raise E.ProtocolError(f"want named units outside [0, {len(manifest.units)})")
@@ -75,4 +83,6 @@ def fetch_units(hub, model: str, version: int | str, shard: Shard, into: dict[st
             sources = hub._call("replan", wid=wid, fetch_id=fid, failed=failed, units=missing)["sources"]
     finally:
         hub._fetch_done(fid, ok=False)  # not a full replica: the hub drops the relay it advertised
+        if stub is not None and hub.store.get(relay) is stub:
+            hub.store.remove(relay)  # remembered as gone: a late reader is answered at once
     return PartialResult(ver, units, per_source, manifest)
