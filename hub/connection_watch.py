@@ -63,15 +63,33 @@ class HubConnectionWatch:
     """Watches the TCP connection to the hub with ZeroMQ's socket monitor (a DEALER that never sends).
 
     A restarted hub is noticed the moment it listens again (ZeroMQ reconnects every 50 ms), so the
-    heartbeat re-joins and re-registers at once instead of after a timed-out heartbeat."""
+    heartbeat re-joins and re-registers at once instead of after a timed-out heartbeat.
+
+    While the hub is down the socket is made anew every `RENEW_S`: libzmq 4.3.5 stops reconnecting a
+    socket for good after a handshake with an incompatible peer (another ZeroMQ service that took the
+    hub's port meanwhile), and a watch stuck "down" would keep the heartbeat from ever trying again
+    (tests/hub/test_port_squatter.py)."""
+
+    RENEW_S = 1.0
 
     def __init__(self, address: str) -> None:
+        self.address = address
+        self.down = False
+        self._down_since = 0.0
+        self._open()
+
+    def _open(self) -> None:
         self._sock = zmq.Context.instance().socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
         self._mon = monitor(self._sock, zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
-        self._sock.connect(address)
-        self.down = False
+        self._sock.connect(self.address)
+
+    def _renew_if_stuck(self) -> None:
+        if self.down and time.monotonic() - self._down_since > self.RENEW_S:
+            self.close()
+            self._open()
+            self._down_since = time.monotonic()
 
     def wait_reconnect(self, timeout_s: float) -> bool:
         """Wait up to `timeout_s`; True as soon as the hub is reachable again after a disconnect.
@@ -83,13 +101,19 @@ class HubConnectionWatch:
             while self._mon.poll(0):
                 event = recv_monitor_message(self._mon)["event"]
                 if event == zmq.EVENT_DISCONNECTED:
+                    if not self.down:
+                        self._down_since = time.monotonic()
                     self.down = True
                 elif event == zmq.EVENT_CONNECTED and self.down:
                     self.down, back = False, True
             if back and not self.down:
                 return True
+            self._renew_if_stuck()
             left = end - time.monotonic()
-            if left <= 0 or not self._mon.poll(max(1, int(left * 1000))):
+            if left <= 0:
+                return False
+            wait = min(left, self.RENEW_S) if self.down else left  # down: wake to renew a stuck socket
+            if not self._mon.poll(max(1, int(wait * 1000))) and not self.down:
                 return False
 
     def close(self) -> None:
