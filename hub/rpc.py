@@ -150,7 +150,7 @@ class RpcChannel:
 
     def _exchange(self, sock, mon, op: str, timeout: float, args: dict):
         rid = next(self._ids)
-        sock.send_multipart([b"", pack({"id": rid, "op": op, "token": self.token, "args": args})])
+        self._send(sock, rid, op, args)
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(mon, zmq.POLLIN)
@@ -168,7 +168,7 @@ class RpcChannel:
                     # tolerates that, as for any retry.)
                     self.retried = True
                     rid = next(self._ids)
-                    sock.send_multipart([b"", pack({"id": rid, "op": op, "token": self.token, "args": args})])
+                    self._send(sock, rid, op, args)
                 continue
             frames = sock.recv_multipart()
             msg = unpack(frames[-1])
@@ -181,6 +181,17 @@ class RpcChannel:
                 return msg.get("result")
             code, text = msg.get("error", ["hub_error", "unknown error"])
             raise error_from_code(code, text)
+
+    def _send(self, sock, rid: int, op: str, args: dict) -> None:
+        """Queue the request without ever blocking. A DEALER with no connection to queue on blocks its
+        send for good: libzmq 4.3.5 stops reconnecting a socket after a handshake with an incompatible
+        peer (another ZeroMQ service that took the hub's port during an outage). Such a socket is
+        dropped and the try fails; the retry makes a new one (tests/hub/test_port_squatter.py)."""
+        try:
+            sock.send_multipart([b"", pack({"id": rid, "op": op, "token": self.token, "args": args})], zmq.NOBLOCK)
+        except zmq.Again:
+            self._sock = None  # the caller closes it
+            raise HubUnavailableError(f"no connection to the hub at {self.address} to send {op!r} on") from None
 
     def close(self) -> None:
         with self._lock:
