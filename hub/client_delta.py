@@ -30,7 +30,7 @@ from . import delta as D
 from . import errors as E
 from .client_fetch import FetchResult, _check_tensors
 from .delta_plan import delta_base, delta_model, from_compact_wire, tensor_name
-from .manifest import Manifest, Unit, allocate, byte_view, dtype_from_name, dtype_name, wire_digest
+from .manifest import Manifest, Unit, allocate, build_manifest, byte_view, dtype_from_name, dtype_name, wire_digest
 from .replica_id import ReplicaId
 from .rpc import pack
 from .shard import Shard
@@ -55,41 +55,46 @@ class DeltaSync:
                       keep: int = 4) -> dict:
         """Publish v's delta from the last version this client encoded from, then keep a copy of v.
 
-        Call after `publish(model, version, tensors, shard)` and before the tensors change. The first
-        call (or one after a layout change) publishes nothing and only takes the copy. Returns
-        {"base", "delta_bytes", "full_bytes", "encode_s", "copy_s"} (base None: no delta published)."""
+        Call before the tensors change, before or after `publish(model, version, tensors, shard)`:
+        before (the order `rlsync.workers` use) v's delta is committed by the time v is, so a reader
+        that sees v finds its delta. The first call (or one after a layout change) publishes nothing
+        and only takes the copy. Returns {"base", "delta_bytes", "full_bytes", "encode_s", "copy_s"}
+        (base None: no delta published)."""
         wid = self._need_join()
         _check_coords("publish", model, version, shard)
-        rep = self.store.get(ReplicaId(wid, model, version, shard.key).wire)
-        if rep is None or not rep.complete:
-            raise E.NotAReplicaError(f"publish {model!r} v{version} {shard.key} before its delta")
         _check_tensors(tensors, "tensors")
-        if [rep.tensors[s.name].data_ptr() for s in rep.manifest.tensors] != \
-                [tensors[s.name].data_ptr() if s.name in tensors else -1 for s in rep.manifest.tensors]:
-            raise E.BufferMismatchError("publish_delta: `tensors` are not the ones published as this version")
+        rep = self.store.get(ReplicaId(wid, model, version, shard.key).wire)
+        if rep is not None and rep.complete:
+            if [rep.tensors[s.name].data_ptr() for s in rep.manifest.tensors] != \
+                    [tensors[s.name].data_ptr() if s.name in tensors else -1 for s in rep.manifest.tensors]:
+                raise E.BufferMismatchError("publish_delta: `tensors` are not the ones published as this version")
+            man, views = rep.manifest, rep.views
+        else:  # not published yet: v's manifest as `publish` will build it (the client's manifest config)
+            man = build_manifest(tensors, self.cfg.manifest)
+            views = [byte_view(tensors[s.name]) for s in man.tensors]
         key = (model, shard.key)
         snap = self._delta_snap.get(key)
-        out = {"base": None, "delta_bytes": 0, "full_bytes": rep.manifest.nbytes, "encode_s": 0.0, "copy_s": 0.0}
-        if snap is not None and snap.version < version and snap.manifest.layout_key() == rep.manifest.layout_key():
+        out = {"base": None, "delta_bytes": 0, "full_bytes": man.nbytes, "encode_s": 0.0, "copy_s": 0.0}
+        if snap is not None and snap.version < version and snap.manifest.layout_key() == man.layout_key():
             t0 = time.monotonic()
-            frames = D.encode(snap.manifest, snap.views, rep.manifest, rep.views)
+            frames = D.encode(snap.manifest, snap.views, man, views)
             dts = {tensor_name(snap.version, i): torch.frombuffer(bytearray(f), dtype=torch.uint8)
                    for i, f in enumerate(frames)}
             out["encode_s"] = time.monotonic() - t0
             # Frames are small and get packed (up to ManifestConfig.pack_bytes) like tiny tensors. Packing
-            # only up to one chunk (to pipeline through relays) was tried and measured worse: docs/deltas.md.
+            # only up to one chunk (to pipeline through relays) was measured worse here: docs/deltas.md.
             self.publish(delta_model(model), version, dts, shard)
             out.update(base=snap.version, delta_bytes=sum(len(f) for f in frames))
             self._drop_old_deltas(model, shard, version, keep)
         t0 = time.monotonic()
-        if snap is None or snap.manifest.layout_key() != rep.manifest.layout_key():
-            copy = {n: torch.empty_like(t) for n, t in rep.tensors.items()}
-            snap = _Snapshot(version, rep.manifest, copy, [byte_view(copy[s.name]) for s in rep.manifest.tensors])
+        if snap is None or snap.manifest.layout_key() != man.layout_key():
+            copy = {s.name: torch.empty_like(tensors[s.name]) for s in man.tensors}
+            snap = _Snapshot(version, man, copy, [byte_view(copy[s.name]) for s in man.tensors])
             self._delta_snap[key] = snap
-        for i, s in enumerate(rep.manifest.tensors):
+        for i, s in enumerate(man.tensors):
             if s.nbytes:
-                snap.views[i][:] = rep.views[i]
-        snap.version, snap.manifest = version, rep.manifest
+                snap.views[i][:] = views[i]
+        snap.version, snap.manifest = version, man
         out["copy_s"] = time.monotonic() - t0
         return out
 

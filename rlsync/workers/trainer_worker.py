@@ -172,9 +172,9 @@ class TrainerWorker:
             self.clock.event("publish", version=v, bytes=nbytes)
         elif self.rank == 0:
             live = {k: x.contiguous() for k, x in tensors.items()}
+            if self.cfg.sync.deltas:  # v's delta from the last version (a copy of it is kept here), committed
+                self.hub.publish_delta(self.cfg.hub.model_name, v, live)  # first: an engine seeing v finds it
             self.hub.publish(self.cfg.hub.model_name, v, live)
-            if self.cfg.sync.deltas:  # v's delta from the last version (a copy of it is kept here)
-                self.hub.publish_delta(self.cfg.hub.model_name, v, live)
             self.published = v
             self.clock.event("publish", version=v, bytes=nbytes)
             if self.cfg.trainer.elastic.enabled:  # what a recovery must reproduce bit for bit (docs/elastic.md)

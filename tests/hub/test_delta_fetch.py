@@ -213,6 +213,25 @@ def test_one_round_trip_plans_the_delta_and_a_delta_aimed_elsewhere_is_refused(c
     assert same(buf, before) and ("policy", v) in {(x.model, x.version) for x in r.held_ids()}
 
 
+@pytest.mark.parametrize("cluster", ["always"], indirect=True)
+def test_a_delta_published_before_its_version_is_there_when_the_version_commits(cluster):
+    """The order rlsync.workers use: publish_delta, then publish; a reader seeing v takes its delta."""
+    hub, make = cluster
+    t, r = make(dc="dc0", host="t"), make(dc="dc1", host="r")
+    live = model(0)
+    assert t.publish_delta("policy", 1, live)["base"] is None   # the first call only takes the copy
+    t.publish("policy", 1, live)
+    buf = r.fetch("policy").tensors
+    t.release("policy", 1)
+    new = real_like_step(live, 1)
+    for n, x in live.items():
+        x.copy_(new[n])
+    assert t.publish_delta("policy", 2, live)["base"] == 1
+    t.publish("policy", 2, live)
+    got = r.fetch_delta("policy", into=buf)
+    assert got.mode == "delta" and got.version == 2 and same(buf, new)
+
+
 def test_a_delta_source_killed_mid_transfer_is_replanned(wait_until):
     cfg = ClientConfig(manifest=ManifestConfig(chunk_bytes=64 << 10), transport="tcp-py")
     hub = start_embedded_hub(config=HubConfig(delta=DeltaConfig(mode="always")))
