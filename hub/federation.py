@@ -167,7 +167,10 @@ class Gateway:
         """Bring the home's newest committed version of `model` into this DC if it is not here yet;
         returns the version committed here by this step (None: nothing new)."""
         pend = self._pending.get(model)
-        latest = self.home.latest(model)
+        try:
+            latest = self.home.latest(model)
+        except E.UnknownModelError:  # nothing published at home yet
+            return None
         if latest is None:
             return None
         if pend is not None and pend.version < latest and not pend.published:

@@ -217,7 +217,7 @@ def _exit() -> bool:
 # ---------------------------------------------------------------- agent process main
 def agent_main() -> int:
     from rlsync.hub.logs import setup_logging
-    from . import baselines, delta_agent, raybase  # noqa: F401  (register the baselines' and deltas' commands)
+    from . import baselines, delta_agent, fed_agent, raybase  # noqa: F401  (register the baselines', deltas', gateway's commands)
 
     setup_logging(os.environ.get("RLSYNC_AGENT_LOG", "WARNING"))
     out_lock = threading.Lock()
