@@ -220,8 +220,23 @@ class DeltaSync:
         D.decode_chain(manifest, base.views, frames, [byte_view(buf[s.name]) for s in manifest.tensors])
         return buf
 
+    def adopt(self, model: str, version: int, tensors: dict[str, torch.Tensor], shard: Shard = Shard()) -> None:
+        """Register `tensors`, left holding `version` of `model` by an earlier session of this worker
+        (e.g. it left and re-joined as a new client), as a live replica again: served to others, and a
+        base `fetch_delta` can build on. Their checksums are computed here (the client's manifest
+        config); the hub accepts them only as exactly v's (ManifestMismatchError otherwise; also
+        VersionNotFoundError: v forgotten) and then nothing is registered. Host tensors only."""
+        self._need_join()
+        _check_coords("register", model, version, shard)
+        _check_tensors(tensors, "tensors")
+        if any(t.device.type != "cpu" for t in tensors.values()):
+            raise E.BufferMismatchError("adopt: host tensors only")
+        man = build_manifest(tensors, self.cfg.manifest)
+        self._release_overlapping(tensors)  # these buffers stop being whatever this client had them as
+        self._register_applied(model, version, shard, man, dict(tensors), raise_errors=True)
+
     def _register_applied(self, model: str, ver: int, shard: Shard, manifest: Manifest,
-                          into: dict[str, torch.Tensor]) -> None:
+                          into: dict[str, torch.Tensor], raise_errors: bool = False) -> None:
         rid = ReplicaId(self.worker_id, model, ver, shard.key).wire
         self.store.add(LocalReplica(rid, manifest, into, full=True))
         self._held[rid] = (model, ver, shard, "live")
@@ -229,9 +244,11 @@ class DeltaSync:
             self._call("register", wid=self.worker_id, model=model, version=ver, shard=shard.to_wire(),
                        slot="live", manifest=manifest.to_wire())
         except E.HubError as e:  # e.g. forgotten meanwhile: the bytes are v's, but nobody is routed here
-            log.warning("applied %s v%d by delta but could not register it: %s", model, ver, e)
             self._held.pop(rid, None)
             self.store.remove(rid)
+            if raise_errors:
+                raise
+            log.warning("applied %s v%d by delta but could not register it: %s", model, ver, e)
 
     def _drop_old_deltas(self, model: str, shard: Shard, newest: int, keep: int) -> None:
         dm = delta_model(model)

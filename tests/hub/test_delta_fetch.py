@@ -232,6 +232,29 @@ def test_a_delta_published_before_its_version_is_there_when_the_version_commits(
     assert got.mode == "delta" and got.version == 2 and same(buf, new)
 
 
+@pytest.mark.parametrize("cluster", ["always"], indirect=True)
+def test_a_rejoiner_adopts_its_old_copy_and_catches_up_by_delta(cluster):
+    """A worker that left keeps its buffers; as a new client it adopts them (checked by the hub against
+    v1's manifest) and takes the delta; bytes that are not v1's are refused, nothing registered."""
+    hub, make = cluster
+    tr = Trainer(make(dc="dc0", host="t"))
+    r = make(dc="dc1", host="r")
+    tr.step()
+    buf = r.fetch("policy").tensors
+    r.leave()
+    v = tr.step()
+    r2 = make(dc="dc1", host="r")
+    wrong = {n: x.clone() for n, x in buf.items()}
+    wrong["w"].view(torch.uint8)[0] ^= 1
+    with pytest.raises(E.ManifestMismatchError):
+        r2.adopt("policy", 1, wrong)
+    assert r2.held_ids() == []
+    r2.adopt("policy", 1, buf)
+    assert [(x.model, x.version) for x in r2.held_ids()] == [("policy", 1)]
+    got = r2.fetch_delta("policy", into=buf)
+    assert got.mode == "delta" and got.version == v and same(buf, tr.snap[v])
+
+
 def test_a_delta_source_killed_mid_transfer_is_replanned(wait_until):
     cfg = ClientConfig(manifest=ManifestConfig(chunk_bytes=64 << 10), transport="tcp-py")
     hub = start_embedded_hub(config=HubConfig(delta=DeltaConfig(mode="always")))
