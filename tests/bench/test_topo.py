@@ -171,3 +171,23 @@ def test_small_crossdc_delta_exact_and_crosses_once():
     assert res["crossing_data_bytes_per_delta"] == 1.0
     assert res["exact"] is True and res["speedup_delta_vs_full"] > 0
     assert set(list_namespaces()) <= before
+
+
+@needs_root
+def test_small_fedcrossdc_a_hub_per_dc_crosses_once_and_is_exact():
+    """`fedcrossdc`, tiny: dc0's home hub and dc1's hub and gateway in their own namespaces. Every dc1
+    reader's bytes are exact, all of them from inside dc1; the gateway took each byte across once, and
+    the trainer's NIC (dc0's only data source) sent about one copy (headers and control on top)."""
+    from rlsync.bench import scenarios_federation as f
+    from rlsync.bench.cluster import BenchConfig
+
+    cfg = BenchConfig(model_mib=1, nic_rate="400mbit", chunk_mib=0.25)
+    before = set(list_namespaces())
+    res = f.run(cfg, rollouts=2, dc_ratio=0.25, reps=1)
+    nbytes = res["config"]["model_bytes"]
+    assert res["exact"] is True
+    for run in res["runs"]["hub per DC"]:
+        assert run["gateway_cross_bytes"] == nbytes
+        assert all(sum(src.values()) == nbytes for src in run["sources"].values())
+        assert 1.0 <= run["copies_out_of_dc0"] < 1.5
+    assert set(list_namespaces()) <= before
