@@ -374,4 +374,7 @@ PYBIND11_MODULE(_engine, m) {
     "XOR, hub/delta.py; base may be out); returns the xxh3-64 of out when checksum=True.");
 
     m.attr("XXH_VERSION") = XXH_versionNumber();
+#ifdef RLSYNC_ENGINE_SOURCES
+    m.attr("SOURCES") = RLSYNC_ENGINE_SOURCES;  // digest of csrc/ at build (setup.py): stale builds show
+#endif
 }

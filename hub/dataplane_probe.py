@@ -6,8 +6,7 @@ transfer`, so both measure the same thing. The source is a separate process on p
 `python -m rlsync.hub.dataplane_probe` subprocess, so it starts from daemonic processes too): with the
 source in the reader's own process (the calibration before) the server's and the reader's Python
 loops share one GIL and `shm` reads its own address space: that calibration (128 MiB) had the TCP
-paths ~30% slower and `shm x2` ~75% faster than the benchmark between two processes measured them an
-hour later (1 GiB, docs/performance.md), and picked a path 0.72x the best one.
+paths ~30% slower than the benchmark between two processes measured them (1 GiB, docs/performance.md).
 
     src = ProbeSource(256 << 20)
     gbps = src.read(get_transport("shm"), streams=2)

@@ -7,7 +7,7 @@ first read a process makes calibrates once per host: a data-plane server in a se
 (rlsync.hub.dataplane_probe, the same source `python -m rlsync.bench transfer` reads) and this
 process's reader move `size` bytes (256 MiB) over loopback with every candidate path (interleaved
 rounds, median), and `pick` keeps the fastest per peer class. The result is cached in a small JSON file keyed by host
-name, kernel release and CPU count (`~/.cache/rlsync/dataplane/`), so later processes on the host
+name, kernel release, CPU count and native engine build (`~/.cache/rlsync/dataplane/`), so later processes on the host
 read it instead of measuring; `python -m rlsync.hub calibrate` measures again.
 
 Peer classes: `same_host` (reader and source share a boot: every candidate, shm included) and
@@ -129,7 +129,10 @@ def _measure(size: int, rounds: int, candidates: tuple[PathChoice, ...]) -> dict
 
 # ------------------------------------------------------------------ the cache
 def host_key() -> str:
-    return f"{socket.gethostname()}-{platform.release()}-{os.cpu_count()}cpu"
+    """Host, kernel, CPU count and the native engine's build: a calibration measured with another
+    build (e.g. a stale one whose `shm` ran on one stream) must not choose for this one."""
+    from .engine_build import identity
+    return f"{socket.gethostname()}-{platform.release()}-{os.cpu_count()}cpu-e{identity()}"
 
 
 def cache_dir() -> Path:
@@ -196,6 +199,8 @@ def load_or_calibrate(refresh: bool = False) -> Calibration:
     with _lock:
         if _loaded is not None and not refresh:
             return _loaded
+        from .engine_build import warn_if_stale
+        warn_if_stale()
         d = cache_dir()
         d.mkdir(parents=True, exist_ok=True)
         path = d / f"{host_key()}-f{FORMAT}.json"  # per format: processes of older code keep their own file

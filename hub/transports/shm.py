@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import logging
 import os
 import socket
 
@@ -33,6 +34,9 @@ try:
     from rlsync import _engine
     if not hasattr(_engine, "read_process"):  # built before read_process existed: rebuild to get it
         _engine = None
+        logging.getLogger(__name__).warning(
+            "rlsync._engine predates read_process: shm copies with ctypes and hashes in Python on one "
+            "stream (~2x slower here); rebuild it with `scripts/run pip install -e . --no-deps -q`")
 except ImportError:  # the native engine is optional: ctypes copy, Python hash, one stream
     _engine = None
 

@@ -92,6 +92,7 @@ def _paired(figures: dict[str, Figure], a: str | None, b: str | None) -> float |
 def run(size: int, reps: int, streams: int | None, skip: set[str], cache: Path, command: str = "",
         chunk_bytes: int | None = None, recalibrate: bool = False) -> dict:
     from rlsync.hub.dataplane_tuning import CANDIDATES, SAME_HOST, load_or_calibrate
+    from rlsync.hub.engine_build import identity, warn_if_stale
     from rlsync.hub.manifest import ManifestConfig
 
     chunk_bytes = chunk_bytes or ManifestConfig().chunk_bytes
@@ -149,6 +150,7 @@ def run(size: int, reps: int, streams: int | None, skip: set[str], cache: Path, 
         "reps": reps,
         "unit": "GB/s (1e9 bytes/s), median of reps",
         "default_path": chosen.label,
+        "engine": {"build": identity(), "stale": warn_if_stale()},
         "calibration": {"loadavg": cal.loadavg, "loadavg_now": load_cal[0], "when": cal.when,
                         "size_bytes": cal.size_bytes, "fresh": recalibrate,
                         "gbps_median": {c.label: round(statistics.median(v), 3) for c, v in cal.measured.items() if v}},
@@ -187,6 +189,8 @@ def print_table(res: dict) -> None:
     m = res["machine"]
     c.print(f"machine: {m['cpus']} CPUs, load {m['loadavg_before'][0]:.1f} -> {m['loadavg_after'][0]:.1f}, "
             f"CPU pressure {m['cpu_pressure_pct_before']}% -> {m['cpu_pressure_pct_after']}% (shared machine)")
+    if res["engine"]["stale"]:
+        c.print(f"[bold red]STALE ENGINE[/]: {res['engine']['stale']}")
     cal = res["calibration"]
     c.print(f"default path (measured on this host at load {cal['loadavg']:.1f}, "
             f"{'now' if cal['fresh'] else 'cached'}): {res['default_path']}; best rlsync row: {res['best_rlsync_row']}")

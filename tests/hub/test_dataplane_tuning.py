@@ -174,3 +174,24 @@ def test_a_fetch_with_nothing_left_to_measure_does_not_calibrate(monkeypatch):
     t, k = T.choose_path({"boot_id": "b", "host": "h"}, {"boot_id": "c", "host": "g", "transports": ["tcp"],
                                                          "tcp": "10.0.0.2:1"}, "tcp", 2, False)
     assert (t.name, k, t.zero_copy) == ("tcp", 2, False)
+
+
+def test_a_stale_native_engine_is_told_and_calibrated_apart(tmp_path, monkeypatch):
+    """An engine built from other csrc/ than the checkout's says so, and its calibration is its own."""
+    from types import SimpleNamespace
+
+    from rlsync.hub import engine_build as B
+
+    for f in B.SOURCES:
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_text(f"// {f}\n")
+    now = B.source_digest(tmp_path)
+    monkeypatch.setattr(B, "source_digest", lambda root=None: now)
+    monkeypatch.setattr(B, "_engine", SimpleNamespace(SOURCES=now))
+    assert B.stale_reason() == "" and T.host_key().endswith(f"-e{now}")
+    monkeypatch.setattr(B, "_engine", SimpleNamespace(SOURCES="0123456789abcdef"))
+    assert "rebuild with" in B.stale_reason() and T.host_key().endswith("-e0123456789abcdef")
+    monkeypatch.setattr(B, "_engine", SimpleNamespace())  # built before the digest existed
+    assert "unrecorded" in B.stale_reason() and T.host_key().endswith("-eunrecorded")
+    monkeypatch.setattr(B, "_engine", None)  # no engine: nothing stale, its own calibration
+    assert B.stale_reason() == "" and T.host_key().endswith("-enone")
