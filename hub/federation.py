@@ -131,9 +131,12 @@ class Gateway:
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self, location: Location, name: str = "gateway") -> "Gateway":
+    def start(self, location: Location, name: str = "gateway", loop: bool = True) -> "Gateway":
+        """Join both hubs; with `loop` follow the home in a thread (else the caller calls `step`)."""
         self.stats.home_wid = self.home.join(location, f"{name}@{location.dc}")
         self.stats.local_wid = self.local.join(location, name)
+        if not loop:
+            return self
         self._thread = threading.Thread(target=self._loop, name="rlsync-gateway", daemon=True)
         self._thread.start()
         return self
@@ -215,11 +218,20 @@ class Gateway:
         pend = self._pending[model] = _Pending(version, got, [], time.monotonic() - t0)
         return pend
 
-    def _commit(self, model: str, pend: "_Pending") -> int:
+    def _commit(self, model: str, pend: "_Pending") -> int | None:
         t0 = time.monotonic()
         for shard in self.cfg.shards():
             if shard.key not in pend.published:
-                self.local.publish(model, pend.version, pend.results[shard.key].tensors, shard)
+                try:
+                    self.local.publish(model, pend.version, pend.results[shard.key].tensors, shard)
+                except E.VersionError:
+                    here = self._local_latest(model)
+                    if here is None or here < pend.version:
+                        raise
+                    # Committed here already by someone else (another gateway of this DC): drop ours.
+                    self._skip(model, pend.version, f"already committed in this DC (latest v{here})")
+                    self._drop_pending(model)
+                    return None
                 pend.published.append(shard.key)  # (a HubUnavailableError above: the next step retries)
         here = self._local_latest(model)
         if here is None or here < pend.version:

@@ -1,0 +1,55 @@
+"""Gateway steps driven one at a time, in process (two embedded hubs, real clients and data planes):
+a DC skips versions it missed and commits the newest, and a second gateway that lost the race drops
+its copy instead of looping. The process-level behaviour is in test_federation.py."""
+import torch
+
+from rlsync.hub import ClientConfig, HubClient, Location, start_embedded_hub
+from rlsync.hub.federation import Gateway, GatewayConfig
+from rlsync.hub.procs import digest
+
+
+def _model(v: int) -> dict:
+    g = torch.Generator().manual_seed(v)
+    return {"w": torch.randn(64 << 10, generator=g), "b": torch.randn(32, generator=g)}
+
+
+def test_a_dc_skips_what_it_missed_commits_the_newest_and_a_second_gateway_drops_its_copy(tmp_path):
+    cfg = ClientConfig(transport="tcp-py", hub_deadline_s=5.0, heartbeat_s=0.2)  # (a leave waits out a heartbeat)
+    with start_embedded_hub(journal=str(tmp_path / "h0.db")) as h0, \
+            start_embedded_hub(journal=str(tmp_path / "h1.db")) as h1:
+        clients = []
+
+        def client(hub, dc, host):
+            c = HubClient(hub.address, hub.token, config=cfg)
+            clients.append(c)
+            if host:
+                c.join(Location(dc=dc, host=host))
+            return c
+
+        trainer = client(h0, "dc0", "t")
+        gws = [Gateway(client(h0, "dc1", None), client(h1, "dc1", None), GatewayConfig()) for _ in range(2)]
+        for i, g in enumerate(gws):
+            g.start(Location(dc="dc1", host=f"gw{i}"), loop=False)
+        a, b = gws
+        assert a.step("policy") is None               # nothing published at home yet: nothing to do
+        w = {1: _model(1)}
+        trainer.publish("policy", 1, w[1])
+        pend = b._fetch("policy", 1)                  # b crosses first ...
+        assert a.step("policy") == 1                  # ... a commits first
+        assert b._commit("policy", pend) is None      # b finds v1 committed and drops its copy
+        assert b.stats.skipped and not b._pending and b.step("policy") is None
+        reader = client(h1, "dc1", "r")
+        got = reader.fetch("policy", "latest")
+        assert got.version == 1 and digest(got.tensors) == digest(w[1])
+        assert set(got.bytes_by_source) == {a.stats.local_wid}
+        for v in (2, 3):                              # dc1 misses v2 entirely
+            w[v] = _model(v)
+            trainer.release("policy", v - 1)
+            trainer.publish("policy", v, w[v])
+        assert a.step("policy") == 3
+        assert a.stats.replicated[-1].cross_bytes == a.stats.replicated[-1].nbytes
+        got = reader.fetch("policy", "latest")
+        assert got.version == 3 and digest(got.tensors) == digest(w[3])
+        assert set(reader.versions("policy")["committed"]) <= {1, 3}  # v2: never visible in dc1
+        for c in clients:
+            c.leave()
