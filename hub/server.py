@@ -39,6 +39,7 @@ from .wire_args import SPECS, check_args, manifest_from_wire
 log = logging.getLogger(__name__)
 
 TICK_S = 0.2
+_MORE = int(zmq.SNDMORE)
 
 
 class HubServer:
@@ -135,7 +136,10 @@ class HubServer:
         else:
             data = pack({"id": rid, "ok": ok, ("result" if ok else "error"): payload})
         self.bytes_out += len(data)
-        self._sock.send_multipart([ident, b"", data])
+        sock = self._sock  # three sends with int flags: send_multipart's loop and enum flags took 5-9 us a reply
+        sock.send(ident, _MORE)
+        sock.send(b"", _MORE)
+        sock.send(data, 0)
 
     def _handle(self, frames: list[bytes]) -> None:
         if len(frames) < 2:
