@@ -175,8 +175,12 @@ class DeltaSync:
         """Fetch the chain's deltas, all at once (this worker then holds and serves them); their frames in
         order. `plan`: the first delta's plan, sent with the hub's choice (its manifest in compact form)."""
         if plan is not None:
-            plan = {k: v for k, v in plan.items() if k != "compact_manifest"} | \
-                {"manifest": from_compact_wire(plan.get("compact_manifest") or {})}
+            try:
+                plan = {k: v for k, v in plan.items() if k != "compact_manifest"} | \
+                    {"manifest": from_compact_wire(plan.get("compact_manifest") or {})}
+            except E.HubError:
+                self._fetch_done(str(plan.get("fetch_id")), ok=False)  # the hub closes the plan it made
+                raise
         got: dict[int, FetchResult | BaseException] = {}
 
         def pull(dv: int) -> None:
