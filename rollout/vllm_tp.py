@@ -17,7 +17,8 @@ re-packs each layer: `plan_direct` checks every block against the rank's own par
 vocabulary, replicated KV heads) is refused, not loaded wrong.
 
 Simplifies: the read happens inside the collective call, so the engine does not generate meanwhile
-(no prefetch into staging); the worker's slices are not a hub replica (a partial read serves nobody).
+(no prefetch into staging), and the ranks read in turn; the worker's slices are not a hub replica (a
+partial read serves nobody). `VllmEngine` does not start TP engines: this is the loader they need.
 Methods are called by name (`collective_rpc("rlsync_...")`): no pickled callables cross processes.
 """
 from __future__ import annotations
@@ -97,11 +98,21 @@ class TPSliceLoader:
         from .vllm_direct import direct_load, plan_direct
         from .vllm_engine import _reset_caches
 
+        from vllm.distributed import get_tp_group
+
         rank, parts = get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
         layout = zero3_layout({n: (tuple(int(x) for x in s), str(dt)) for n, (s, dt) in specs.items()}, int(world))
-        t0 = time.perf_counter()
-        got = ReshardReader(self._rlsync_hub, model, layout).read(version, tp_dests(list(layout.specs()), rank, parts))
-        read_s = time.perf_counter() - t0
+        reader, dests = ReshardReader(self._rlsync_hub, model, layout), tp_dests(list(layout.specs()), rank, parts)
+        # One rank reads at a time: the hub advertises a partial reader as a relay while it plans, so
+        # ranks reading together were planned on each other and waited 5 s on units the other never
+        # fetches (docs/vllm.md); on 2 cores the reads compete for the same cores anyway.
+        group, got, read_s = get_tp_group(), None, 0.0
+        for turn in range(parts):
+            if turn == rank:
+                t0 = time.perf_counter()
+                got = reader.read(version, dests)
+                read_s = time.perf_counter() - t0
+            group.barrier()
         runner = self.model_runner
         net = runner.get_model()
         key = tuple((n, tuple(t.shape)) for n, t in got.tensors.items())
