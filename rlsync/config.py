@@ -125,8 +125,8 @@ class TrainerGroupConfig:
     publish: str = "auto"
     """How each version reaches the hub: `gathered` (rank 0 publishes the whole model; under ZeRO-3 every rank
     all-gathers it first), `sharded` (DeepSpeed ZeRO-3: every rank publishes its own live partition, no gather;
-    readers reassemble whole tensors, docs/resharding.md) or `auto` (sharded for ZeRO-3 with sync.mode=hub and
-    no elastic group, else gathered)."""
+    readers reassemble whole tensors, docs/resharding.md) or `auto` (sharded for ZeRO-3 with sync.mode=hub, no
+    elastic group, seed DCs or sync.deltas; else gathered)."""
     algo: TrainerBackend.Config = field(default_factory=lambda: TrainerBackend.Config(
         optimizer=OptimizerConfig(lr=RUN_LR)))
     """The update: optimizer, advantage estimator, policy loss (GRPO, PPO ...), epochs. Composed runs pick a typed

@@ -127,6 +127,8 @@ def _sharded_misfit(cfg: Any) -> str | None:
         return "does not work with trainer.elastic.enabled (a re-formed group reads back whole tensors)"
     if cfg.hub.seed_dcs:
         return "does not work with hub.seed_dcs (seed workers follow whole versions)"
+    if cfg.sync.deltas:
+        return "does not work with sync.deltas (the trainer's deltas and the engines' delta reads are of whole versions)"
     return None
 
 

@@ -241,3 +241,4 @@ def test_auto_publish_is_sharded_exactly_where_zero3_partitions_can_be_read():
     assert not sharded_publish(cfg(*z3, "trainer.publish=gathered"))
     assert not sharded_publish(cfg(*z3, "sync.mode=object_store"))
     assert not sharded_publish(cfg(*z3, "trainer.elastic.enabled=true"))
+    assert not sharded_publish(cfg(*z3, "sync.deltas=true"))
