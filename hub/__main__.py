@@ -20,6 +20,10 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--reregister-grace", type=float, default=5.0,
                    help="after a restart or an expiry, fetches finding no holder wait this long for workers to "
                         "re-register before the hub answers lost / not retained (s)")
+    s.add_argument("--delta-mode", default="auto", choices=("auto", "always", "never"),
+                   help="full version or chain of deltas per reader: by estimate, whenever a chain exists, never")
+    s.add_argument("--delta-tier-gbps", default=None,
+                   help="assumed link rates (Gbit/s) by distance: same host,rack,DC,other DC (e.g. 80,25,10,1)")
     sd = sub.add_parser("seed", help="run a seed worker: takes hand-offs from leaving workers (and follows latest)")
     sd.add_argument("--address", required=True, help="hub address, e.g. tcp://127.0.0.1:5555")
     sd.add_argument("--token-file", required=True)
@@ -50,9 +54,12 @@ def main(argv: list[str] | None = None) -> int:
     if a.cmd == "serve":
         setup_logging()
         from .server import serve_main
+        from .delta_plan import DeltaConfig
         from .state import HubConfig
+        delta = DeltaConfig(mode=a.delta_mode, **({"tier_gbps": tuple(float(x) for x in a.delta_tier_gbps.split(","))}
+                                                  if a.delta_tier_gbps else {}))
         serve_main(a.host, a.port, a.token_file, a.journal, HubConfig(worker_timeout_s=a.worker_timeout,
-                                                                    reregister_grace_s=a.reregister_grace))
+                                                                    reregister_grace_s=a.reregister_grace, delta=delta))
         return 0
     if a.cmd == "seed":
         setup_logging()

@@ -98,23 +98,40 @@ class DeltaSync:
         out["copy_s"] = time.monotonic() - t0
         return out
 
+    def publish_fetched_delta(self, model: str, version: int, delta: dict[str, torch.Tensor], shard: Shard = Shard(),
+                              keep: int = 4) -> int:
+        """Publish a delta object fetched from another hub (`FetchResult.deltas[version]`, frames as the
+        publisher encoded them) as v's delta on this hub: a federation gateway's `publish_delta`, with
+        no copy of the model and no encoding (the hub refuses anything but base<v>.u<i> frames:
+        ManifestMismatchError). Publish it before v, as `publish_delta`. Returns its bytes."""
+        self._need_join()
+        _check_tensors(delta, "delta")
+        self.publish(delta_model(model), version, delta, shard)
+        self._drop_old_deltas(model, shard, version, keep)
+        return sum(t.nbytes for t in delta.values())
+
     def fetch_delta(self, model: str, version: int | str = "latest", into: dict[str, torch.Tensor] | None = None,
-                    shard: Shard = Shard(), keep: int = 2, fallback: bool = False) -> FetchResult:
+                    shard: Shard = Shard(), keep: int = 2, fallback: bool = False,
+                    keep_base: bool = False) -> FetchResult:
         """Bring `into` (which holds an older version of `model`, fetched or published there) to
         `version`, by a chain of deltas when the hub says that is cheaper, else in full.
 
         Bit-exact: every unit of the result is checked against v's manifest before `into` changes.
         A failure of the delta path raises (DeltaError, TransferError, VersionLostError ...) with
         `into` still holding, and serving, the old version; with `fallback=True` it fetches v in full
-        instead. The result's `mode` says which path ran; `nbytes` is the bytes that moved."""
+        instead. The result's `mode` says which path ran; `nbytes` is the bytes that moved.
+        `keep_base`: `into` is never written (it still serves the old version, e.g. a federation
+        gateway's copy in its DC); v arrives in new buffers (`result.tensors`), and `result.deltas`
+        holds the chain's delta objects {version: tensors} (the gateway publishes them in its DC)."""
         wid = self._need_join()
         _check_coords("fetch", model, version, shard)
         if into is None:
             return self.fetch(model, version, shard=shard)
         _check_tensors(into, "into")
+        dest = None if keep_base else into  # where a full fetch lands
         base = self._held_in(model, shard, into)
         if base is None or any(t.device.type != "cpu" for t in into.values()):
-            return self.fetch(model, version, into=into, shard=shard)
+            return self.fetch(model, version, into=dest, shard=shard)
         t0 = time.monotonic()
         ph, mark = {}, [t0]
 
@@ -126,12 +143,13 @@ class DeltaSync:
         ch = self._call("delta_choose", wid=wid, model=model, version=version, shard=shard.to_wire(),
                         base=base.version, into_spec=spec)
         if ch["mode"] != "delta":
-            r = self.fetch(model, ch["version"], into=into, shard=shard)
+            r = self.fetch(model, ch["version"], into=dest, shard=shard)
             r.mode = "held" if ch["mode"] == "held" else "full"
             return r
         lap("choose")
         try:
-            frames, per_source, used, moved = self._pull_chain(model, shard, base.version, ch["chain"], ch.get("plan"))
+            frames, per_source, used, moved, deltas = self._pull_chain(model, shard, base.version, ch["chain"],
+                                                                       ch.get("plan"))
             lap("pull")
             manifest = _target_manifest(base.rep.manifest, frames[-1], ch["manifest_digest"])
             result = self._decode_chain(base.rep, manifest, frames, (model, shard.key))
@@ -140,8 +158,17 @@ class DeltaSync:
             if not fallback:
                 raise
             log.warning("delta fetch of %s v%d failed (%s): fetching it in full", model, ch["version"], e)
-            r = self.fetch(model, ch["version"], into=into, shard=shard)
+            r = self.fetch(model, ch["version"], into=dest, shard=shard)
             r.mode = "full"
+            return r
+        if keep_base:  # v verified in its own buffers (not the scratch cache's any more); `into` untouched
+            self._register_applied(model, ch["version"], shard, manifest, result)
+            lap("register")
+            r = FetchResult(ch["version"], result, per_source, used, time.monotonic() - t0, moved, manifest)
+            r.mode, r.phases, r.deltas = "delta", ph, deltas
+            self._drop_old_deltas(model, shard, ch["chain"][-1], keep)
+            if self.on_fetch is not None:
+                self.on_fetch(r)
             return r
         # -- every unit of v verified in scratch: now (and only now) the old version in `into` goes
         self._release_overlapping(into)
@@ -173,7 +200,7 @@ class DeltaSync:
 
     def _pull_chain(self, model: str, shard: Shard, base: int, chain: list[int], plan: dict | None = None):
         """Fetch the chain's deltas, all at once (this worker then holds and serves them); their frames in
-        order. `plan`: the first delta's plan, sent with the hub's choice (its manifest in compact form)."""
+        order (and {version: the delta's tensors}). `plan`: the first delta's plan, sent with the hub's choice (its manifest in compact form)."""
         if plan is not None:
             try:
                 plan = {k: v for k, v in plan.items() if k != "compact_manifest"} | \
@@ -199,6 +226,7 @@ class DeltaSync:
         if errors:
             raise errors[0]
         frames, per_source, used, moved = [], {}, {}, 0
+        deltas = {dv: got[dv].tensors for dv in chain}
         for dv in chain:
             r = got[dv]
             if delta_base(r.manifest) != base:
@@ -210,7 +238,7 @@ class DeltaSync:
             used.update(r.transports)
             moved += sum(r.bytes_by_source.values())
             base = dv
-        return frames, per_source, used, moved
+        return frames, per_source, used, moved, deltas
 
     def _decode_chain(self, base: LocalReplica, manifest: Manifest, frames: list, key: tuple) -> dict[str, torch.Tensor]:
         """Decode the chain into a scratch buffer (never the base's; the last one of this model and

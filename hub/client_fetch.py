@@ -46,6 +46,8 @@ class FetchResult:
     version: `nbytes` is then the delta bytes that moved), 'held' (nothing moved)."""
     phases: dict | None = None
     """For a delta fetch, seconds per phase: choose, pull, decode, release, apply, register."""
+    deltas: dict | None = None
+    """For `fetch_delta(keep_base=True)` by delta: {delta version: the delta object's tensors} of the chain."""
 
     @property
     def gbps(self) -> float:

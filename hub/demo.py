@@ -21,13 +21,14 @@ from .procs import WorkerProcess, close_all
 
 
 def start_hub_process(workdir: str, port: int = 0, worker_timeout_s: float = 15.0,
-                      stderr=None, reregister_grace_s: float = 5.0) -> tuple[subprocess.Popen, str, str]:
+                      stderr=None, reregister_grace_s: float = 5.0,
+                      extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str, str]:
     """Start `python -m rlsync.hub serve` and wait until it listens; returns (proc, address, token).
-    `stderr`: where its log goes (a file object; default: inherited)."""
+    `stderr`: where its log goes (a file object; default: inherited); `extra`: more `serve` flags."""
     token_file = os.path.join(workdir, "hub.token")
     cmd = [sys.executable, "-m", "rlsync.hub", "serve", "--host", "127.0.0.1", "--port", str(port),
            "--token-file", token_file, "--journal", os.path.join(workdir, "journal.db"),
-           "--worker-timeout", str(worker_timeout_s), "--reregister-grace", str(reregister_grace_s)]
+           "--worker-timeout", str(worker_timeout_s), "--reregister-grace", str(reregister_grace_s), *extra]
     env = dict(os.environ, RLSYNC_LOG=os.environ.get("RLSYNC_HUB_LOG", "WARNING"))
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
     line = proc.stdout.readline()

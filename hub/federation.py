@@ -20,6 +20,10 @@ manifests come from one journal). Every other DC runs its own ordinary hub and o
   (re-registering what it holds, as any client) and publishes the home's newest version: the DC
   catches up. Versions the home committed and superseded meanwhile are skipped there (never visible
   in that DC, never partly so): retention keeps only the newest ones anyway.
+- deltas (docs/deltas.md): a gateway holding v-1 asks the home hub for v by `fetch_delta` (v lands
+  in new buffers: v-1's still serve this DC), so only the delta crosses, decoded and checked against
+  v's checksums; it publishes that delta object here before v, so this DC's readers holding v-1 get
+  the delta from this DC. No v-1 here, no chain at home, a failed delta: v crosses in full.
 
 What "agree" means, then: each DC's committed versions are a subset of the home's, in the same
 order, with identical manifests; the home's newest version reaches every DC whose hub and gateway
@@ -34,10 +38,7 @@ later (a synchronous commit would let one DC's outage stop every other DC's trai
 """
 from __future__ import annotations
 
-import argparse
-import json
 import logging
-import os
 import sys
 import threading
 import time
@@ -62,6 +63,9 @@ class GatewayConfig:
     """How often the gateway asks the home hub for `latest` (one small RPC per model)."""
     retry_s: float = 1.0
     """After a failure (a hub unreachable past the client's deadline), wait this long and try again."""
+    deltas: bool = True
+    """Holding v-1, bring v across as its delta when the home hub says so (`fetch_delta`), and publish
+    that delta in this DC before v, so this DC's readers holding v-1 fetch it from here (docs/deltas.md)."""
 
     def shards(self) -> list[Shard]:
         tp, pp = self.group
@@ -83,6 +87,10 @@ class Replicated:
     publish_s: float
     committed_at: float
     """time.time() of the local commit."""
+    mode: str = "full"
+    """How v crossed: 'full' (its units) or 'delta' (the chain of deltas onto the version held here)."""
+    deltas: list = field(default_factory=list)
+    """Delta versions of the model this gateway published in its DC with v (before v)."""
 
 
 @dataclass(slots=True)
@@ -91,6 +99,8 @@ class GatewayStats:
     skipped: list[tuple[str, int, str]] = field(default_factory=list)
     """(model, version, why): versions the home committed that this DC will never see."""
     failures: list[str] = field(default_factory=list)
+    failures_total: int = 0
+    """How many failures so far (`failures` keeps the last ones' text)."""
     home_wid: str | None = None
     local_wid: str | None = None
 
@@ -98,9 +108,11 @@ class GatewayStats:
         return {"home_wid": self.home_wid, "local_wid": self.local_wid,
                 "replicated": [dict(model=r.model, version=r.version, nbytes=r.nbytes, cross_bytes=r.cross_bytes,
                                     bytes_by_source=r.bytes_by_source, fetch_s=round(r.fetch_s, 4),
-                                    publish_s=round(r.publish_s, 4), committed_at=r.committed_at)
+                                    publish_s=round(r.publish_s, 4), committed_at=r.committed_at, mode=r.mode,
+                                    deltas=r.deltas)
                                for r in self.replicated],
-                "skipped": [list(s) for s in self.skipped], "failures": self.failures[-20:]}
+                "skipped": [list(s) for s in self.skipped], "failures": self.failures[-20:],
+                "failures_total": self.failures_total}
 
 
 @dataclass(slots=True)
@@ -109,8 +121,10 @@ class _Pending:
     results: dict
     """shard key -> FetchResult (the tensors the gateway now holds)."""
     published: list
-    """shard keys already published to this DC's hub."""
+    """shard keys (and 'd<v>:<shard key>' for deltas) already published to this DC's hub."""
     fetch_s: float
+    tried: list = field(default_factory=list)
+    """shard keys whose publish here failed unanswered (the hub went away): it may have landed."""
 
 
 class Gateway:
@@ -124,6 +138,8 @@ class Gateway:
         self._on_change = on_change
         self._held: dict[str, int] = {}
         """model -> the version this gateway holds and committed in its DC."""
+        self._bufs: dict[str, dict] = {}
+        """model -> {shard key: the tensors holding `_held[model]`} (a delta's base)."""
         self._pending: dict[str, _Pending] = {}
         """model -> a version fetched from the home, not yet committed here."""
         self._stop = threading.Event()
@@ -159,7 +175,9 @@ class Gateway:
                 try:
                     self.step(model)
                 except E.HubError as e:  # a hub unreachable past the deadline, a version gone: try again
-                    self.stats.failures.append(f"{model}: {type(e).__name__}: {e}"[:300])
+                    with self._lock:
+                        self.stats.failures.append(f"{model}: {type(e).__name__}: {e}"[:300])
+                        self.stats.failures_total += 1
                     log.warning("gateway: %s: %s: %s", model, type(e).__name__, e)
                     wait = self.cfg.retry_s
                     self._changed()
@@ -176,7 +194,7 @@ class Gateway:
             return None
         if latest is None:
             return None
-        if pend is not None and pend.version < latest and not pend.published:
+        if pend is not None and pend.version < latest and not pend.published and not pend.tried:
             self._skip(model, pend.version, f"superseded by v{latest} before it could commit here")
             self._drop_pending(model)
             pend = None
@@ -191,6 +209,15 @@ class Gateway:
                 return None
         return self._commit(model, pend)
 
+    def _adopt(self, model: str, version: int, tensors: dict, shard: Shard) -> bool:
+        """Our own publish landed before the hub died unanswered (v is in its journal): hold it as ours."""
+        try:
+            self.local.adopt(model, version, tensors, shard)
+            return True
+        except (E.VersionError, E.VersionNotFoundError, E.ManifestMismatchError) as e:
+            log.info("gateway: %s v%d here is not the copy this gateway sent: %s", model, version, e)
+            return False
+
     def _local_latest(self, model: str) -> int | None:
         try:
             return self.local.latest(model)
@@ -202,7 +229,7 @@ class Gateway:
         got: dict[str, FetchResult] = {}
         try:
             for shard in self.cfg.shards():
-                got[shard.key] = self.home.fetch(model, version, shard=shard)
+                got[shard.key] = self._pull(model, version, shard)
         except (E.VersionNotRetainedError, E.VersionLostError, E.VersionNotFoundError) as e:
             # The home moved on (or lost it) while we read: the next poll takes the newer version.
             self._skip(model, version, f"{type(e).__name__}: {e}"[:200])
@@ -218,20 +245,51 @@ class Gateway:
         pend = self._pending[model] = _Pending(version, got, [], time.monotonic() - t0)
         return pend
 
+    def _pull(self, model: str, version: int, shard: Shard) -> FetchResult:
+        """v of one shard from the home: by its delta onto the copy held here if the home hub says so
+        (never written: it still serves v-1 in this DC; bit-exact against v's checksums, else in full),
+        else in full (nothing held, no chain, or a chain dearer than v)."""
+        base = self._bufs.get(model, {}).get(shard.key) if self.cfg.deltas else None
+        if base is None:
+            return self.home.fetch(model, version, shard=shard)
+        return self.home.fetch_delta(model, version, into=base, shard=shard, fallback=True, keep_base=True)
+
+    def _publish_deltas(self, model: str, pend: "_Pending", shard: Shard) -> list[int]:
+        """Publish in this DC the deltas v crossed as (before v: a reader that sees v finds its delta).
+        A delta this hub refuses only costs this DC's readers a full read of v here: logged, not fatal."""
+        done = []
+        for dv, tensors in sorted((pend.results[shard.key].deltas or {}).items()):
+            key = f"d{dv}:{shard.key}"
+            if key not in pend.published:
+                try:
+                    self.local.publish_fetched_delta(model, dv, tensors, shard)
+                except (E.VersionError, E.ManifestMismatchError) as e:
+                    log.warning("gateway: %s delta v%d not published in this DC: %s", model, dv, e)
+                pend.published.append(key)  # (a HubUnavailableError above: the next step retries)
+            done.append(dv)
+        return done
+
     def _commit(self, model: str, pend: "_Pending") -> int | None:
         t0 = time.monotonic()
+        deltas: list[int] = []
         for shard in self.cfg.shards():
+            deltas += self._publish_deltas(model, pend, shard)
             if shard.key not in pend.published:
+                tensors = pend.results[shard.key].tensors
                 try:
-                    self.local.publish(model, pend.version, pend.results[shard.key].tensors, shard)
+                    self.local.publish(model, pend.version, tensors, shard)
+                except E.HubUnavailableError:
+                    pend.tried.append(shard.key)
+                    raise
                 except E.VersionError:
                     here = self._local_latest(model)
                     if here is None or here < pend.version:
                         raise
-                    # Committed here already by someone else (another gateway of this DC): drop ours.
-                    self._skip(model, pend.version, f"already committed in this DC (latest v{here})")
-                    self._drop_pending(model)
-                    return None
+                    if not (shard.key in pend.tried and self._adopt(model, pend.version, tensors, shard)):
+                        # Committed here already by someone else (another gateway of this DC): drop ours.
+                        self._skip(model, pend.version, f"already committed in this DC (latest v{here})")
+                        self._drop_pending(model)
+                        return None
                 pend.published.append(shard.key)  # (a HubUnavailableError above: the next step retries)
         here = self._local_latest(model)
         if here is None or here < pend.version:
@@ -241,10 +299,13 @@ class Gateway:
         for r in pend.results.values():
             for w, n in r.bytes_by_source.items():
                 by_source[w] = by_source.get(w, 0) + n
-        rec = Replicated(model, pend.version, sum(r.nbytes for r in pend.results.values()),
-                         sum(by_source.values()), by_source, pend.fetch_s, time.monotonic() - t0, time.time())
+        modes = {r.mode for r in pend.results.values()}
+        rec = Replicated(model, pend.version, sum(r.manifest.nbytes for r in pend.results.values()),
+                         sum(by_source.values()), by_source, pend.fetch_s, time.monotonic() - t0, time.time(),
+                         mode="delta" if modes == {"delta"} else "full", deltas=sorted(set(deltas)))
         old = self._held.get(model)
         self._held[model] = pend.version
+        self._bufs[model] = {k: r.tensors for k, r in pend.results.items()}
         del self._pending[model]
         with self._lock:
             self.stats.replicated.append(rec)
@@ -288,60 +349,6 @@ class Gateway:
             self._on_change(self)
 
 
-def _write_stats(path: str, gw: Gateway) -> None:
-    with gw._lock:
-        data = json.dumps(gw.stats.to_json())
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(data)
-    os.replace(tmp, path)  # readers see the old file or the new one, never half of one
-
-
-def main(argv: list[str] | None = None) -> int:
-    import signal
-
-    from .client_config import DataPlaneConfig
-    from .logs import setup_logging
-    from .manifest import ManifestConfig
-    p = argparse.ArgumentParser(prog="python -m rlsync.hub.federation",
-                                description="run one DC's federation gateway (follows models from their home hub)")
-    p.add_argument("--home", required=True, help="the home hub's address (the DC where the trainer publishes)")
-    p.add_argument("--home-token-file", required=True)
-    p.add_argument("--local", required=True, help="this DC's hub address")
-    p.add_argument("--local-token-file", required=True)
-    p.add_argument("--dc", required=True, help="this DC's label (the gateway's location on both hubs)")
-    p.add_argument("--rack", default="gateway")
-    p.add_argument("--host", default="", help="host label (default: this machine's hostname)")
-    p.add_argument("--bind", default="127.0.0.1", help="address the gateway's data-plane servers bind")
-    p.add_argument("--model", action="append", required=True, help="a model to follow (repeatable)")
-    p.add_argument("--group", default="1x1", help="tp_size x pp_size of the models (e.g. 2x1)")
-    p.add_argument("--chunk-mib", type=float, default=8.0, help="the trainer's ManifestConfig.chunk_bytes, MiB")
-    p.add_argument("--poll-s", type=float, default=0.05)
-    p.add_argument("--hub-deadline-s", type=float, default=10.0,
-                   help="how long one call waits for an unreachable hub before the gateway retries later")
-    p.add_argument("--transport", default=None)
-    p.add_argument("--stats", default=None, help="write the gateway's stats (JSON) here after every change")
-    a = p.parse_args(argv)
-    setup_logging()
-    tp, _, pp = a.group.partition("x")
-    cfg = ClientConfig(dataplane=DataPlaneConfig(host=a.bind), hub_deadline_s=a.hub_deadline_s,
-                       transport=a.transport, manifest=ManifestConfig(chunk_bytes=int(a.chunk_mib * (1 << 20))))
-    gw = Gateway(HubClient(a.home, token_file=a.home_token_file, config=cfg),
-                 HubClient(a.local, token_file=a.local_token_file, config=cfg),
-                 GatewayConfig(models=tuple(a.model), group=(int(tp), int(pp)), poll_s=a.poll_s),
-                 on_change=(lambda g: _write_stats(a.stats, g)) if a.stats else None)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    gw.start(Location(dc=a.dc, rack=a.rack, host=a.host))
-    if a.stats:
-        _write_stats(a.stats, gw)
-    print(f"rlsync gateway {gw.stats.local_wid} in {a.dc}: home {a.home} ({gw.stats.home_wid}), local {a.local}",
-          flush=True)
-    stop.wait()
-    gw.stop()
-    return 0
-
-
-if __name__ == "__main__":
+if __name__ == "__main__":  # the gateway's command line: hub/federation_cli.py
+    from rlsync.hub.federation_cli import main
     sys.exit(main())

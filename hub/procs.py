@@ -107,6 +107,8 @@ def _worker_main(conn, address: str, token: str, client_cfg) -> None:
         if cmd == "publish":
             t = make_model(kw["size_mb"], kw["seed"])
             bufs[kw.get("buf", "main")] = t
+            if kw.get("delta"):  # its delta (or, the first time, the publisher's copy to encode the next from)
+                client.publish_delta(kw["model"], kw["version"], t, Shard(*kw.get("shard", (0, 0, 1, 1))))
             committed = client.publish(kw["model"], kw["version"], t, Shard(*kw.get("shard", (0, 0, 1, 1))))
             return {"committed": committed, "digest": digest(t)}
         if cmd == "fetch":
@@ -119,6 +121,20 @@ def _worker_main(conn, address: str, token: str, client_cfg) -> None:
             return {"version": r.version, "digest": digest(r.tensors), "bytes_by_source": r.bytes_by_source,
                     "transports": r.transports, "seconds": r.seconds, "nbytes": r.nbytes,
                     "started": t0, "finished": fetched}
+        if cmd == "publish_step":  # a trainer step: v = a copy of `from_buf` with every `stride`-th element +1
+            if kw.get("from_buf") is None:  # (the first: a fresh model); its delta published first, then v
+                t = make_model(kw["size_mb"], kw["seed"])
+            else:
+                t = {n: x.clone() for n, x in bufs[kw["from_buf"]].items()}
+                for x in t.values():
+                    x.view(-1)[::kw.get("stride", 64)] += 1.0
+            bufs[kw["buf"]] = t
+            info = client.publish_delta(kw["model"], kw["version"], t)
+            return {"committed": client.publish(kw["model"], kw["version"], t), "digest": digest(t), **info}
+        if cmd == "fetch_delta":
+            r = client.fetch_delta(kw["model"], kw.get("version", "latest"), into=bufs[kw["buf"]])
+            return {"version": r.version, "mode": r.mode, "digest": digest(r.tensors), "nbytes": r.nbytes,
+                    "bytes_by_source": r.bytes_by_source}
         if cmd == "release":
             client.release(kw["model"], kw["version"], Shard(*kw.get("shard", (0, 0, 1, 1))))
             return {"finished": time.time()}

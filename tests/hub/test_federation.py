@@ -1,7 +1,8 @@
 """Federation with real processes: two hub processes (dc0 = the home of `policy`, dc1), a gateway
 process for dc1 (`python -m rlsync.hub.federation`), trainer and readers as worker processes, all on
 loopback. Bytes are counted on both ends: what every dc0 process served, what every reader got from
-whom. A version crosses into dc1 exactly once; killing dc1's hub leaves dc0 committing; dc1 catches
+whom. A version crosses into dc1 exactly once (a small step from the one dc1 holds: only its delta,
+which dc1's readers then fetch from dc1, bit-exact); killing dc1's hub leaves dc0 committing; dc1 catches
 up when its hub is back; nothing visible in dc1 is anything but a version dc0 committed, byte for byte."""
 import json
 import os
@@ -57,7 +58,8 @@ class Fed:
         assert "rlsync gateway" in line, line
 
     def start_hub(self, dc: str) -> None:
-        proc, address, token = start_hub_process(self.dirs[dc], port=self.ports[dc])
+        proc, address, token = start_hub_process(self.dirs[dc], port=self.ports[dc],
+                                                 extra=("--delta-mode", "always"))  # (by rates: moot on loopback)
         self.hubs[dc], self.addr[dc], self.token[dc] = proc, address, token
 
     def kill_hub(self, dc: str) -> None:
@@ -101,7 +103,7 @@ def test_a_version_crosses_into_dc1_once_and_fans_out_there(fed, wait_until):
     far = [fed.worker("dc1", f"far{i}") for i in range(3)]
     dc0_wids = {trainer.wid, near.wid}
     for v in (1, 2):
-        pub = trainer.call("publish", model="policy", version=v, size_mb=4, seed=v, buf=f"v{v}")
+        pub = trainer.call("publish", model="policy", version=v, size_mb=4, seed=v, buf=f"v{v}", delta=v == 2)
         got_near = near.call("fetch", model="policy", version=v, buf=f"v{v}")
         assert got_near["digest"] == pub["digest"]
         wait_until(lambda: v in fed.replicated(), 60, f"the gateway committing v{v} in dc1")
@@ -123,6 +125,22 @@ def test_a_version_crosses_into_dc1_once_and_fans_out_there(fed, wait_until):
             trainer.call("release", model="policy", version=1)
     hist = HubClient(fed.addr["dc1"], fed.token["dc1"], config=_cfg()).versions("policy")
     assert hist["latest"] == 2 and set(hist["committed"]) <= {1, 2}
+    # v3, a small step from v2 (the trainer published v2's copy for deltas): the gateway, holding v2,
+    # brings v3 across as its delta and publishes that delta in dc1 before v3
+    p3 = trainer.call("publish_step", model="policy", version=3, from_buf="v2", buf="v3", stride=64)
+    assert p3["base"] == 2 and 0 < p3["delta_bytes"] < p3["full_bytes"] // 4
+    wait_until(lambda: 3 in fed.replicated(), 60, "the gateway committing v3 in dc1")
+    gw = fed.replicated()[3]
+    assert gw["mode"] == "delta" and gw["deltas"] == [3] and gw["nbytes"] == p3["full_bytes"]
+    assert gw["cross_bytes"] == p3["delta_bytes"] and set(gw["bytes_by_source"]) == {trainer.wid}
+    # dc1's readers hold v2: each gets v3 bit-exact by its delta, from dc1 (the gateway's copy or a relay)
+    tags = [(w, w.start("fetch_delta", model="policy", version="latest", buf="v2")) for w in far]
+    for g in (w.wait(t) for w, t in tags):
+        assert (g["version"], g["mode"], g["digest"]) == (3, "delta", p3["digest"])
+        assert set(g["bytes_by_source"]) <= dc1_wids and sum(g["bytes_by_source"].values()) == p3["delta_bytes"]
+    served = {tuple(rid.split(":")[1:3]): x["bytes"] for rid, x in trainer.call("served").items()}
+    assert served.get(("policy@delta", "3")) == p3["delta_bytes"]   # the delta left dc0 once
+    assert served.get(("policy", "3"), 0) == 0                      # and v3 in full never did
 
 
 def _served_total(trainer, near, v: int | None = None) -> int:
@@ -143,7 +161,10 @@ def test_killing_dc1s_hub_leaves_dc0_training_and_dc1_catches_up(fed, wait_until
     def commits(n: int) -> None:
         assert trainer.call("wait_results", n=n, within=60) >= n
         published.extend(trainer.call("loop_results"))
+    f0 = fed.stats()["failures_total"]
     fed.kill_hub("dc1")
+    # the gateway saw the hub gone: a commit it had under way when the hub died is recorded by now
+    wait_until(lambda: fed.stats()["failures_total"] > f0, 60, "the gateway finding dc1's hub gone")
     before = max(fed.replicated())
     commits(1)
     # dc0 keeps training: the trainer commits version after version, dc0's readers read them
@@ -154,7 +175,6 @@ def test_killing_dc1s_hub_leaves_dc0_training_and_dc1_catches_up(fed, wait_until
     assert got0["version"] >= published[-1]["version"]
     assert got0["digest"] == digest(make_model(size, seed=got0["version"]))
     assert max(fed.replicated()) == before   # nothing could commit in dc1 meanwhile
-    wait_until(lambda: fed.stats()["failures"], 30, "the gateway finding dc1's hub gone")
     fed.start_hub("dc1")                     # same port, same journal
     commits(1)
     newest = published[-1]["version"]
@@ -164,6 +184,9 @@ def test_killing_dc1s_hub_leaves_dc0_training_and_dc1_catches_up(fed, wait_until
     assert got1["digest"] == digest(make_model(size, seed=got1["version"]))
     trainer.call("stop_loop")
     published.extend(trainer.call("loop_results"))
+    # the home stopped at its final version: once dc1 has it the gateway is idle (no commit half-recorded)
+    final = max(r["version"] for r in published if r["ok"])
+    wait_until(lambda: max(fed.replicated()) >= final, 90, f"dc1 committing the home's final v{final}")
     # one history: every version dc1 ever committed is one dc0 committed (publish_loop: seed = version),
     # in order, each crossed exactly once
     ok = {r["version"] for r in published if r["ok"]} | {got["version"]}
@@ -172,3 +195,4 @@ def test_killing_dc1s_hub_leaves_dc0_training_and_dc1_catches_up(fed, wait_until
     assert set(rep) <= ok and set(hist["committed"]) <= set(rep) and hist["latest"] == max(rep)
     assert list(rep) == sorted(rep)
     assert all(r["cross_bytes"] == r["nbytes"] for r in rep.values())
+
