@@ -10,7 +10,9 @@ In-process (the project's own `HubState` and planner, no sockets), on a realisti
   time until all are planned;
 - a re-join storm: a restarted hub (the version restored from the journal) and every worker joining
   again under its id and re-registering what it holds, each message checked as the server checks it
-  (`wire_args.check_args`, i.e. the manifest parsed from its wire form).
+  (`wire_args.check_args`, i.e. the manifest parsed from its wire form);
+- a pending release's re-check (`poll_releases`, which the server runs every loop pass) at N holders,
+  per pass without an event and once after its reader finishes.
 Against a real `python -m rlsync.hub serve` process (bench/_hub_scale_rpc.py): control RPCs per
 second from many concurrent lightweight clients (heartbeats; fetch plans), and the hub's RSS per
 worker and per connection. Every phase is bounded by `--budget-s`: a phase that runs out reports how
@@ -160,6 +162,29 @@ def rejoin_storm(c: Cluster, budget_s: float) -> dict:
             "s": wall if done == len(c.workers) else None}
 
 
+def release_recheck(c: Cluster, budget_s: float) -> dict:
+    """The server's per-pass re-check of pending releases (`poll_releases`) with one release pending at
+    N holders: a holder releases its copy while a reader still reads from it (it waits for that read).
+    Timed: passes with no event in between, as most event-loop passes are; then after an event."""
+    s = c.state
+    reader = s.join("late-reader", location(3), endpoint(10**6 + 1))
+    plan = s.plan_fetch(reader, MODEL, 1, SHARD)
+    src = plan.sources[0][0]
+    if str(s.release(src.worker, MODEL, 1, SHARD)) != "pending":
+        return {"pending": 0}
+    out, end = {"pending": len(s.pending_releases), "holders": len(s.replicas_of(MODEL, 1, SHARD.key))}, time.monotonic() + budget_s
+    n, c0 = 0, time.process_time()
+    while n < 2000 and (n < 20 or time.monotonic() < end):
+        s.poll_releases()
+        n += 1
+    out["idle_pass_us"] = 1e6 * (time.process_time() - c0) / n
+    s.fetch_done(reader, plan.fetch_id, False)  # the event: its read ends, so the release can go
+    c0 = time.process_time()
+    done = s.poll_releases()
+    out["event_pass_us"], out["released"] = 1e6 * (time.process_time() - c0), len(done)
+    return out
+
+
 def in_process(n: int, manifest: Manifest, samples: int, budget_s: float) -> dict:
     rng = random.Random(n)
     t0 = time.perf_counter()
@@ -183,6 +208,9 @@ def in_process(n: int, manifest: Manifest, samples: int, budget_s: float) -> dic
     c = Cluster(n, manifest)
     out["herd"] = herd(c, 2, budget_s)
     out["rejoin_storm"] = rejoin_storm(c, budget_s)
+    del c
+    gc.collect()
+    out["release_recheck"] = release_recheck(Cluster(n, manifest), budget_s)
     return out
 
 
@@ -215,7 +243,8 @@ def hub_scale_main(argv: list[str]) -> int:
         print(f"{n:>6} workers: plan p50/p99 {pi['p50_ms']:.2f}/{pi['p99_ms']:.2f} ms idle (CPU p99 "
               f"{pi['cpu_p99_ms']:.2f}, n={pi['n']}), {po['p50_ms']:.2f}/{po['p99_ms']:.2f} ms with "
               f"{r['open_fetches']} open (CPU p99 {po['cpu_p99_ms']:.2f}, n={po['n']}); "
-              f"herd {_fmt(h)}; re-join storm {_fmt(st)}; load {os.getloadavg()[0]:.1f}", flush=True)
+              f"herd {_fmt(h)}; re-join storm {_fmt(st)}; {_fmt_rr(r['release_recheck'])}; "
+              f"load {os.getloadavg()[0]:.1f}", flush=True)
     if not a.no_rpc:
         from rlsync.bench._hub_scale_rpc import rpc_throughput
         res["rpc"] = rpc_throughput(a.rpc_workers, a.rpc_clients, a.rpc_seconds, manifest, a.budget_s)
@@ -233,11 +262,19 @@ def hub_scale_main(argv: list[str]) -> int:
         res["plan_open_p99_ms_10k"] = big["plan_open"]["p99_ms"]
         res["herd_10k_s"] = big["herd"]["s"]
         res["rejoin_10k_s"] = big["rejoin_storm"]["s"]
+        res["release_recheck_us_10k"] = big["release_recheck"].get("idle_pass_us")
     res["load_end"] = os.getloadavg()[0]
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)
     return 0
+
+
+def _fmt_rr(rr: dict) -> str:
+    if not rr.get("pending"):
+        return "release re-check: no pending release made"
+    return (f"a pending release re-checked in {rr['idle_pass_us']:.1f} us per loop pass without an event, "
+            f"{rr['event_pass_us']:.0f} us after one ({rr['holders']} holders)")
 
 
 def _fmt(ph: dict) -> str:
