@@ -252,12 +252,20 @@ class TrainerGroup:
         took = time.perf_counter() - t0
         self._window["timing_s/trainer_recover"] += took
         trainer_ids = {v for v in self.hub_ids.values() if v}
+        # A rank fetching in this re-form is a relay the hub may plan another rank on: bytes it forwards
+        # came from the hub's replicas through it, not from a trainer's own copy (a rank reading its own
+        # backup replica is its own copy).
+        ids = [self.hub_ids.get(k) for k in keys]
+        relays = {ids[i] for i, r in enumerate(res) if r["bytes_by_source"]}
+        relayed = sum(b for i, r in enumerate(res) for w, b in r["bytes_by_source"].items()
+                      if w in relays and w != ids[i])
         event = {"event": reason, "time": time.time(), "world_size": n, "members": keys, "lost": list(lost),
                  "version": self.version, "digest": next(iter(digests)),
                  "published_digest": self.last_digest[1] if self.last_digest and self.last_digest[0] == self.version else None,
                  "optimizer": sorted({r["optimizer"] for r in res}), "seconds": took,
                  "bytes_by_source": [r["bytes_by_source"] for r in res],
-                 "from_trainers": sum(b for r in res for w, b in r["bytes_by_source"].items() if w in trainer_ids)}
+                 "from_trainers": sum(b for r in res for w, b in r["bytes_by_source"].items() if w in trainer_ids) - relayed,
+                 "relayed_by_ranks": relayed}
         with self.events_path.open("a") as f:
             f.write(json.dumps(event) + "\n")
         log.info("trainer group re-formed at world size %d in %.2fs: version %d from the hub (%s)",

@@ -62,13 +62,16 @@ def test_torch_group_loses_a_rank_mid_step_then_takes_a_new_one(ray_address, tin
     assert sizes[0] == 2 and 1 in sizes and sizes[-1] == 2
     assert sum(r["timing_s/trainer_recover"] for r in rows) > 0
     # Recovery: the weights are the last committed version, bit for bit, pulled through the hub
-    # from rollout replicas (no trainer served a byte), with no checkpoint on disk at all.
+    # from rollout replicas (no trainer served a byte of its own copy; a rank reading the same version
+    # may relay it to the other), with no checkpoint on disk at all.
     loss, join = _events(cfg.run_dir)
     assert loss["event"] == "loss" and loss["world_size"] == 1 and loss["version"] == 9
     assert loss["digest"] == loss["published_digest"]
     assert join["event"] == "join" and join["world_size"] == 2 and join["digest"] == join["published_digest"]
     for ev in (loss, join):
         assert ev["from_trainers"] == 0 and all(sum(b.values()) > 0 for b in ev["bytes_by_source"])
+        from_rollouts = sum(sum(b.values()) for b in ev["bytes_by_source"]) - ev["relayed_by_ranks"]
+        assert from_rollouts >= _model_bytes(cfg), ev  # at least one whole copy entered from rollout replicas
         assert ev["optimizer"] == ["reinit"]
     assert not (Path(cfg.run_dir) / "checkpoints").exists()
     assert all(r["ray/weight_like_tensors"] == 0 for r in rows)
