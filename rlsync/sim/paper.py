@@ -83,6 +83,8 @@ class PaperSetup:
     >= 0 = shuffled with this seed (as the validation does: the benchmarks' agents fire at once)."""
     fanout_cap: int = 1
     """rlsync planner fan-out cap: 1, as in the emulated benchmarks: with equal NICs a chain pipelines at link rate (the hub default, 4, splits an uplink four ways)."""
+    max_sources: int = 2
+    """rlsync planner max_sources: the hub default 2 (the emulated benchmarks use 1; docs/scale.md: with 2, shuffled arrivals end in one long chain)."""
 
     @property
     def shard_bytes(self) -> float:
@@ -114,7 +116,7 @@ def _place(p: PaperSetup, dcs: int) -> tuple[Network, list[str], list[str]]:
 
 def _hub(p: PaperSetup, net: Network, trainers: list[str], p2p: bool) -> SimCluster:
     planner = (PlannerConfig(fanout_cap=1 << 20, max_sources=1, source_hosts=tuple(trainers)) if p2p
-               else PlannerConfig(fanout_cap=p.fanout_cap))
+               else PlannerConfig(fanout_cap=p.fanout_cap, max_sources=p.max_sources))
     c = SimCluster(net, HubConfig(planner=planner), unit_bytes=int(p.unit_mib * (1 << 20)),
                    rpc_s=p.rpc_ms / 1e3, hub_service_s=None if p.hub_service_ms < 0 else p.hub_service_ms / 1e3)
     for t in trainers:
