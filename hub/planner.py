@@ -11,7 +11,10 @@ Rules, in order (DESIGN.md §2):
 4. Within the chosen tier, peers before the publisher's own copy (offload the trainer: a joiner
    reads from rollouts whenever one holds the version), then least loaded, full before relay at
    equal load; units are striped over
-   up to `max_sources` of them when the shard is at least `stripe_min_bytes`.
+   up to `max_sources` of them when the shard is at least `stripe_min_bytes`, but a stripe never takes
+   a source's last free slot (load + 1 = cap): that slot serves a whole reader at full rate, not half
+   of one (at cap 1 a read has one source; with 2, shuffled arrivals used up every free source and
+   then formed one chain of hundreds of hops: docs/scale.md).
 5. A backup (an offload seed: a host copy kept so that one kill cannot lose the version) serves only
    when no full live replica in the tier can: it is never striped in beside one.
 
@@ -120,7 +123,7 @@ class Planner:
         n = min(1 if total < self.cfg.stripe_min_bytes else max(1, self.cfg.max_sources), len(unit_sizes)) or 1
         ids, seen = [], set()
         for s in tier:
-            if s.worker_id not in seen:
+            if s.worker_id not in seen and not (ids and s.load + 1 >= cap):  # rule 4: a stripe keeps last slots
                 ids.append(s.replica_id)
                 if len(ids) >= n:
                     break

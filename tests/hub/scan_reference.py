@@ -45,7 +45,7 @@ class ReferencePlanner(Planner):
         tier.sort(key=lambda s: (s.origin, s.load, not s.full, s.replica_id))
         chosen, seen = [], set()
         for s in tier:
-            if s.worker_id not in seen:
+            if s.worker_id not in seen and not (chosen and s.load + 1 >= cap):  # a stripe keeps last slots
                 chosen.append(s)
                 seen.add(s.worker_id)
         n = 1 if sum(unit_sizes) < self.cfg.stripe_min_bytes else max(1, self.cfg.max_sources)

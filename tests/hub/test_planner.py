@@ -88,3 +88,16 @@ def test_a_backup_seed_serves_only_when_no_full_live_replica_in_the_tier_can():
     # topology still comes first: a backup on the reader's own host beats a live copy in another rack
     near = Source("n:seed", "n", Location(dc="d", rack="r", host="h"), True, 0, backup=True)
     assert list(p.choose_sources(me, [near, src("far", rack="r2", host="f")], [1])) == ["n:seed"]
+
+
+def test_a_stripe_never_takes_a_sources_last_free_slot():
+    """Rule 4: at fan-out cap 1 a read has one source, so two idle sources root two readers' chains
+    instead of one reader's stripe (docs/scale.md: shuffled arrivals at scale then formed one long
+    chain); under a wider cap a stripe still takes a source with slots to spare."""
+    me = Location(host="h")
+    one = Planner(PlannerConfig(fanout_cap=1, max_sources=2, stripe_min_bytes=100))
+    assert one.choose_sources(me, [src("a", host="x"), src("b", host="y")], [50] * 4) == {"a": [0, 1, 2, 3]}
+    two = Planner(PlannerConfig(fanout_cap=2, max_sources=2, stripe_min_bytes=100))
+    assert two.choose_sources(me, [src("a", host="x"), src("b", host="y")], [50] * 4) == {"a": [0, 2], "b": [1, 3]}
+    busy = [src("a", host="x"), src("b", host="y", load=1)]
+    assert two.choose_sources(me, busy, [50] * 4) == {"a": [0, 1, 2, 3]}
