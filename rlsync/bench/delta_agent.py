@@ -48,12 +48,15 @@ def _mutate_real(buf: str, step: int, frac: float = 0.05) -> dict:
 
 
 @command("publish_delta")
-def _publish_delta(client: str, model: str, version: int, buf: str) -> dict:
+def _publish_delta(client: str, model: str, version: int, buf: str, delta_first: bool = False) -> dict:
+    """Publish v and its delta; t1: v committed. `delta_first`: the delta before v (rlsync.workers'
+    order: whoever sees v finds its delta; t0..t1 then includes the encode), else after (t1..t2)."""
     c = STATE.clients[client]
     t0 = time.monotonic()
+    info = c.publish_delta(model, version, STATE.models[buf]["tensors"]) if delta_first else {}
     committed = c.publish(model, version, STATE.models[buf]["tensors"])
     t1 = time.monotonic()
-    info = c.publish_delta(model, version, STATE.models[buf]["tensors"])
+    info = info or c.publish_delta(model, version, STATE.models[buf]["tensors"])
     return {"committed": committed, "t0": t0, "t1": t1, "t2": time.monotonic(), **info}
 
 

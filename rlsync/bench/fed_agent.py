@@ -18,8 +18,10 @@ def _client_cfg(ip: str, transport: str | None, streams: int, chunk_mib: float, 
 
 @command("gateway_start")
 def _gateway_start(home: dict, local: dict, ip: str, location: dict, transport: str | None = None,
-                   streams: int = 1, chunk_mib: float = 0.5, io_timeout_s: float = 120.0, poll_s: float = 0.05) -> dict:
-    """Start this DC's gateway: a client of the home hub and of this DC's hub, following `policy`."""
+                   streams: int = 1, chunk_mib: float = 0.5, io_timeout_s: float = 120.0, poll_s: float = 0.05,
+                   deltas: bool = True) -> dict:
+    """Start this DC's gateway: a client of the home hub and of this DC's hub, following `policy`
+    (`deltas`: bring a version across as its delta when the home hub says so)."""
     from rlsync.hub import HubClient, Location
     from rlsync.hub.federation import Gateway, GatewayConfig
 
@@ -34,7 +36,7 @@ def _gateway_start(home: dict, local: dict, ip: str, location: dict, transport: 
     cfg = _client_cfg(ip, transport, streams, chunk_mib, io_timeout_s)
     gw = Gateway(HubClient(home["address"], home["token"], config=cfg),
                  HubClient(local["address"], local["token"], config=cfg),
-                 GatewayConfig(models=("policy",), poll_s=poll_s), on_change=changed)
+                 GatewayConfig(models=("policy",), poll_s=poll_s, deltas=deltas), on_change=changed)
     STATE.extra["gateway"] = (gw, seen, cond)
     gw.start(Location(**location))
     return {"home_wid": gw.stats.home_wid, "local_wid": gw.stats.local_wid}
@@ -53,7 +55,7 @@ def _gateway_wait(version: int, within: float = 600.0) -> dict:
             raise TimeoutError(f"gateway: v{version} not committed within {within}s; failures {gw.stats.failures[-3:]}")
         v = min(got)
         rec = next(r for r in gw.stats.replicated if r.version == v)
-        return {"version": v, "t": seen[v], "cross_bytes": rec.cross_bytes, "nbytes": rec.nbytes,
+        return {"version": v, "t": seen[v], "cross_bytes": rec.cross_bytes, "nbytes": rec.nbytes, "mode": rec.mode,
                 "bytes_by_source": rec.bytes_by_source, "fetch_s": rec.fetch_s, "publish_s": rec.publish_s}
 
 

@@ -247,7 +247,8 @@ def print_summary(res: dict) -> None:
     c.print(f"{key}: {res[key]}   exact bytes: {'yes' if res['exact'] else 'NO'}")
     if cfg.get("delta"):
         c.print({k: res[k] for k in ("delta_ratio_to_full", "crossing_bytes_per_delta", "crossing_data_bytes_per_delta",
-                                     "speedup_delta_vs_per_worker_pull", "delta_modes") if k in res})
+                                     "speedup_delta_vs_per_worker_pull", "delta_modes", "gateway_modes",
+                                     "crossing_bytes_per_delta_one_hub", "idle_crossing_bytes_per_s") if k in res})
     if name == "standalone":
         c.print(f"rollout_stall_speedup_vs_gloo_broadcast: {res['rollout_stall_speedup_vs_gloo_broadcast']}   "
                 f"speedup_vs_gloo_broadcast_one_trainer_gpu: {res['speedup_vs_gloo_broadcast_one_trainer_gpu']}")
@@ -353,10 +354,16 @@ def crossdc_main(argv: list[str]) -> int:
         # readers at the rate the version crosses: a shallower tree, less pipeline fill.
         p.set_defaults(fanout_cap=4)
         _delta_args(p, None)
+        p.add_argument("--federated", action="store_true", help="with --delta: a hub per DC, the delta crossing via "
+                       "dc1's gateway (rlsync/bench/scenarios_fed_delta.py), vs full versions and vs one hub")
     a = _parse("crossdc", argv, 8.0, extra)
     if (rc := _cannot("crossdc")) is not None:
         return rc
     t0 = time.monotonic()
+    if a.delta and a.federated:
+        from .scenarios_fed_delta import run_crossdc_delta_federated
+        return _finish(run_crossdc_delta_federated(config_from(a), a.rollouts, a.dc_ratio, a.reps, a.update_frac),
+                       a.json, t0)
     if a.delta:
         from .scenarios_delta import run_crossdc_delta
         return _finish(run_crossdc_delta(config_from(a), a.rollouts, a.dc_ratio, a.reps, a.update_frac,
