@@ -115,8 +115,9 @@ def run_crossdc_delta_federated(cfg: BenchConfig, rollouts: int, dc_ratio: float
             if system != ONE_HUB:
                 idle[system] = round(_idle_rate(c), 1)
                 c.agents["gw"].call("gateway_stop")
-            for h in ["trainer"] + pool:  # this system's clients go: the next one's own the buffers
-                c.agents[h].call("leave", client=hub)
+            readers_client = hub if system == ONE_HUB else hub + "1"
+            for h, client in [("trainer", hub)] + [(h, readers_client) for h in pool]:
+                c.agents[h].call("leave", client=client)  # this system's clients go: the next one's own the buffers
         out = _base("crossdc", c, cfg)
     out["config"].update(rollouts=rollouts, dc_link_rate_bps=sp.dc_link_rate_bps, reps=reps, delta=True,
                          federated=True, update_frac=frac, model_dtype="bfloat16", hub_tier_gbps=tiers)
