@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
 from . import errors as E
@@ -86,6 +87,9 @@ class HubClient(Session, Publishing, Fetching, DeltaSync):
         """Replicas whose release is under way: a re-join does not re-register them (the release
         re-registers one itself if the new hub has not heard of it, so retention still decides)."""
         self._seeding: set[tuple] = set()
+        self._pending_pub: dict[str, Future] = {}
+        """Publishes in flight (`publish_async`), by replica id: release and leave wait for them."""
+        self._pub_pool: ThreadPoolExecutor | None = None
         self._delta_snap: dict = {}  # (model, shard key) -> the publisher's copy of its last version (client_delta.py)
         self._delta_scratch: dict = {}  # (model, shard key) -> a reader's decode buffer, reused (client_delta.py)
         self._reader_key = ReaderKey()  # proves to sources that this client is its tickets' reader

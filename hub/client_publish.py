@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
@@ -65,6 +66,41 @@ class Publishing:
         self._published.add(rid)
         return committed
 
+    def publish_async(self, model: str, version: int, tensors: dict[str, torch.Tensor],
+                      shard: Shard = Shard(), manifest_config: ManifestConfig | None = None) -> "Future[bool]":
+        """`publish`, with its checksum pass and the hub round trip on this client's publish thread.
+
+        Returns once the arguments are checked (bad input raises here, as `publish` does, and changes
+        nothing); `result()` is `publish`'s return value or its typed error. The version becomes
+        visible only when the publish lands, exactly as with `publish` (every unit checksummed from
+        these tensors, then registered). The contract is the same: the tensors must not change until
+        `release(model, version, shard)` returns — and `release` (and `leave`) first wait for the
+        publish to land, raising its error if it failed. What it saves the caller is the one pass over
+        the bytes (memory speed: ~4 ms for a 36 MB ZeRO-3 shard here): e.g. a trainer's next forward
+        and backward, which read the parameters but do not write them, run meanwhile.
+        """
+        self._need_join()
+        _check_coords("publish", model, version, shard)
+        _check_tensors(tensors, "tensors")
+        rid = ReplicaId(self.worker_id, model, version, shard.key).wire
+        if rid in self._held or rid in self._pending_pub:
+            raise E.VersionError(f"{model!r} v{version} {shard.key} already published by this worker")
+        if self._pub_pool is None:
+            self._pub_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlsync-publish")
+        fut = self._pub_pool.submit(self.publish, model, version, dict(tensors), shard, manifest_config)
+        self._pending_pub[rid] = fut
+        return fut
+
+    def _landed(self, rid: str, timeout: float | None = None) -> None:
+        """Wait for a `publish_async` of `rid` to land; raise its error if it failed."""
+        fut = self._pending_pub.get(rid)
+        if fut is not None:
+            try:
+                fut.result(timeout)
+            finally:
+                if fut.done():
+                    self._pending_pub.pop(rid, None)
+
     def _already_committed(self, model, version, shard, manifest) -> bool | None:
         try:
             self._call("register", wid=self.worker_id, model=model, version=version, shard=shard.to_wire(),
@@ -83,6 +119,7 @@ class Publishing:
         wid = self._need_join()
         _check_coords("release", model, version, shard)
         rid = ReplicaId(wid, model, version, shard.key).wire
+        self._landed(rid)  # a publish_async of it still in flight lands first (or raises its error)
         if rid not in self._held:
             raise E.NotAReplicaError(f"this worker holds no replica of {model!r} v{version} {shard.key}")
         self._release(rid)

@@ -69,6 +69,14 @@ class Session:
         if self.worker_id is None:
             self._rpc.close()
             return
+        for rid in list(self._pending_pub):  # publishes in flight land (or fail) before the worker goes
+            try:
+                self._landed(rid)
+            except E.HubError as e:
+                log.warning("leave: publish of %s: %s", rid, e)
+        if self._pub_pool is not None:
+            self._pub_pool.shutdown(wait=True)
+            self._pub_pool = None
         if deadline_s:
             self._handoff_all(deadline_s)
         self._hb_stop.set()

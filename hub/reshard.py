@@ -24,6 +24,7 @@ tensor, offset) runs, so a reader pulls only the shards that hold its ranges and
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 import math
 from dataclasses import dataclass, field
 
@@ -74,6 +75,7 @@ def zero3_layout(specs: dict[str, tuple[tuple[int, ...], str]], world: int) -> S
     return ShardedLayout("zero3", world, tuple(tuple(r) for r in ranks))
 
 
+@lru_cache(maxsize=16)
 def record(layout: ShardedLayout, rank: int) -> bytes:
     """Shard `rank`'s layout record: what its tensors are pieces of."""
     return json.dumps({"kind": layout.kind, "world": layout.world, "rank": rank,

@@ -63,9 +63,12 @@ to 1 MiB, so a slice reader's partial fetch moves little beyond its ranges."""
 
 
 def publish_shard(hub, model: str, version: int, layout: ShardedLayout, rank: int,
-                  live: dict[str, torch.Tensor], units: ManifestConfig = SHARD_UNITS) -> None:
-    hub.publish(model, version, shard_tensors(layout, rank, live), shard=zero_shard(rank, layout.world),
-                manifest_config=units)
+                  live: dict[str, torch.Tensor], units: ManifestConfig = SHARD_UNITS, wait: bool = True):
+    """Publish rank `rank`'s shard; with `wait=False` through `publish_async` (returns its future:
+    the checksum pass runs while the caller goes on; `hub.release` waits for it)."""
+    args = (model, version, shard_tensors(layout, rank, live))
+    kw = dict(shard=zero_shard(rank, layout.world), manifest_config=units)
+    return hub.publish(*args, **kw) if wait else hub.publish_async(*args, **kw)
 
 
 @dataclass(slots=True)

@@ -6,8 +6,12 @@ in other layouts fetch them; against gather-then-publish, measured in the same r
 Two DeepSpeed ZeRO-3 ranks (CPU, gloo) hold a random-init Llama. Per repetition each rank
 (a) publishes its live flat partition as a shard of version v of `policy` (rlsync.workers.sharded_publish),
 and (b) runs the baseline: every rank all-gathers the model (`named_parameters_for_sync`) and rank 0
-publishes the gathered copy as version v of `policy_gathered`. The trainer's publish time is the
-slower rank's, from the call to its return. Then 4 whole-tensor readers and one TP=2 reader group
+publishes the gathered copy as version v of `policy_gathered`. Both publish the same way, with
+`HubClient.publish_async` (the checksum pass and the hub round trip on the client's publish thread).
+The trainer's publish time is the slower rank's, from the call to its return (what the trainer
+waits for: `publish_ratio_vs_gather`); the time until the version landed (checksummed and
+registered; the rank waits for it before the next repetition, so neither kind overlaps the other)
+is reported beside it (`landed_ratio_vs_gather`). Then 4 whole-tensor readers and one TP=2 reader group
 (fused qkv and gate_up row blocks, o_proj and down_proj column blocks, embeddings and lm_head
 vocabulary row blocks, norms whole) read the
 sharded version; every tensor is compared bit for bit with the gathered version (fetched as usual),
@@ -61,16 +65,19 @@ def rank_main(rank: int, world: int, port: int, address: str, token: str, model_
         model = "policy" if cmd == "sharded" else "policy_gathered"
         if model in held:  # the mutability contract: give the last version back before reusing its memory
             hub.release(model, held.pop(model), shard=zero_shard(rank, world) if cmd == "sharded" else Shard())
-        t0 = time.perf_counter()
+        t0, fut = time.perf_counter(), None
         if cmd == "sharded":
-            publish_zero3(hub, model, v, ds)
+            _, fut = publish_zero3(hub, model, v, ds, wait=False)
             held[model] = v
         else:
             full = ds.named_parameters_for_sync()  # the all-gather: every rank takes part
             if rank == 0:
-                hub.publish(model, v, full)
+                fut = hub.publish_async(model, v, full)
                 held[model] = v
-        conn.send(("done", time.perf_counter() - t0))
+        blocked = time.perf_counter() - t0  # the trainer goes on from here
+        if fut is not None:
+            fut.result()  # landed: checksummed and registered (nothing else runs meanwhile, for both kinds)
+        conn.send(("done", (blocked, time.perf_counter() - t0)))
     hub.leave()
     conn.send(("left", None))
 
@@ -96,11 +103,13 @@ class Ranks:
             raise TimeoutError(f"a trainer rank did not answer within {timeout:.0f} s")
         return c.recv()
 
-    def run(self, cmd: str, version: int) -> float:
-        """Every rank runs `cmd` for `version` at once; the slowest rank's seconds."""
+    def run(self, cmd: str, version: int) -> tuple[float, float]:
+        """Every rank runs `cmd` for `version` at once; the slowest rank's (seconds blocked, seconds until
+        its publish landed)."""
         for c in self.conns:
             c.send((cmd, version))
-        return max(self._recv(c, 600)[1] for c in self.conns)
+        got = [self._recv(c, 600)[1] for c in self.conns]
+        return max(b for b, _ in got), max(d for _, d in got)
 
     def close(self) -> None:
         for c in self.conns:
@@ -183,10 +192,12 @@ def run(hidden: int, layers: int, reps: int, readers: int, command: str = "") ->
         return c
 
     try:
-        sharded, gathered = [], []
+        sharded, gathered, sharded_landed, gathered_landed = [], [], [], []
         for v in range(1, reps + 1):  # alternate, so load that comes and goes falls on both alike
-            sharded.append(ranks.run("sharded", v))
-            gathered.append(ranks.run("gathered", v))
+            for kind, blocked, landed in (("sharded", sharded, sharded_landed), ("gathered", gathered, gathered_landed)):
+                b, d = ranks.run(kind, v)
+                blocked.append(b)
+                landed.append(d)
         ref = client("reference").fetch("policy_gathered", reps).tensors
         exact, per_reader = True, []
         for i in range(readers):
@@ -218,6 +229,9 @@ def run(hidden: int, layers: int, reps: int, readers: int, command: str = "") ->
             "publish_sharded_s": [round(x, 5) for x in sharded], "publish_gathered_s": [round(x, 5) for x in gathered],
             "publish_ratio_vs_gather": round(ms / mg, 4),
             "paired_publish_ratio_vs_gather": round(statistics.median(a / b for a, b in zip(sharded, gathered)), 4),
+            "landed_sharded_s": [round(x, 5) for x in sharded_landed],
+            "landed_gathered_s": [round(x, 5) for x in gathered_landed],
+            "landed_ratio_vs_gather": round(statistics.median(sharded_landed) / statistics.median(gathered_landed), 4),
             "readers": per_reader,
             "machine": {"cpus": os.cpu_count(), "loadavg_before": load0, "loadavg_after": os.getloadavg()},
             "command": command}
@@ -238,6 +252,9 @@ def main(argv: list[str]) -> int:
     print(f"trainer publish: sharded {statistics.median(res['publish_sharded_s']) * 1e3:.1f} ms, "
           f"gather-then-publish {statistics.median(res['publish_gathered_s']) * 1e3:.1f} ms (median of {res['reps']}); "
           f"ratio {res['publish_ratio_vs_gather']} (paired {res['paired_publish_ratio_vs_gather']})")
+    print(f"until the version landed (checksummed, registered): sharded "
+          f"{statistics.median(res['landed_sharded_s']) * 1e3:.1f} ms, gathered "
+          f"{statistics.median(res['landed_gathered_s']) * 1e3:.1f} ms; ratio {res['landed_ratio_vs_gather']}")
     for r in res["readers"]:
         src = ", ".join(f"{w}: {n / 1e6:.2f} MB" for w, n in r["bytes_by_source"].items())
         frac = f" ({r['fraction_of_model']:.2f} of the model)" if "fraction_of_model" in r else ""

@@ -24,10 +24,12 @@ def zero3_layout_of(backend) -> tuple[int, ShardedLayout, dict]:
     return rank, layout, {n: t for n, (t, _) in parts.items()}
 
 
-def publish_zero3(hub, model: str, version: int, backend) -> ShardedLayout:
+def publish_zero3(hub, model: str, version: int, backend, wait: bool = True):
+    """Publish this rank's live partition as its shard of `version`: the layout, or with
+    `wait=False` (layout, the publish's future) — see `HubClient.publish_async`."""
     rank, layout, live = zero3_layout_of(backend)
-    publish_shard(hub, model, version, layout, rank, live)
-    return layout
+    got = publish_shard(hub, model, version, layout, rank, live, wait=wait)
+    return layout if wait else (layout, got)
 
 
 def reader_layout(cfg, model) -> ShardedLayout | None:

@@ -186,7 +186,9 @@ class TrainerWorker:
         v = self.backend.version
         rank, layout, live = zero3_layout_of(self.backend)
         nbytes = sum(p.length * live[p.name].element_size() for p in layout.ranks[rank])
-        publish_shard(self.hub, self.cfg.hub.model_name, v, layout, rank, live)
+        # The checksum pass runs on the client's publish thread while this rank goes on (the next
+        # forward/backward only reads the partition); release() waits for it before the step writes.
+        publish_shard(self.hub, self.cfg.hub.model_name, v, layout, rank, live, wait=False)
         self._shard, self.published = zero_shard(rank, layout.world), v
         self.clock.event("publish", version=v, bytes=nbytes, shard=rank)
         self.clock.enter("waiting_data")
