@@ -29,7 +29,7 @@ import torch
 from . import delta as D
 from . import errors as E
 from .client_fetch import FetchResult, _check_tensors
-from .delta_plan import delta_base, delta_model, from_compact_wire, tensor_name
+from .delta_plan import delta_base, delta_model, expand_plan, from_compact_wire, tensor_name
 from .manifest import Manifest, Unit, allocate, build_manifest, byte_view, dtype_from_name, dtype_name, wire_digest
 from .replica_id import ReplicaId
 from .rpc import pack
@@ -85,7 +85,7 @@ class DeltaSync:
             # only up to one chunk (to pipeline through relays) was measured worse here: docs/deltas.md.
             self.publish(delta_model(model), version, dts, shard)
             out.update(base=snap.version, delta_bytes=sum(len(f) for f in frames))
-            self._drop_old_deltas(model, shard, version, keep)
+            self._drop_old_deltas(model, shard, self._old_deltas(model, shard, version, keep))
         t0 = time.monotonic()
         if snap is None or snap.manifest.layout_key() != man.layout_key():
             copy = {s.name: torch.empty_like(tensors[s.name]) for s in man.tensors}
@@ -107,7 +107,7 @@ class DeltaSync:
         self._need_join()
         _check_tensors(delta, "delta")
         self.publish(delta_model(model), version, delta, shard)
-        self._drop_old_deltas(model, shard, version, keep)
+        self._drop_old_deltas(model, shard, self._old_deltas(model, shard, version, keep))
         return sum(t.nbytes for t in delta.values())
 
     def fetch_delta(self, model: str, version: int | str = "latest", into: dict[str, torch.Tensor] | None = None,
@@ -147,42 +147,53 @@ class DeltaSync:
             r.mode = "held" if ch["mode"] == "held" else "full"
             return r
         lap("choose")
+        done: list = []  # the chain's fetches, told finished with v's registration (one round trip)
         try:
             frames, per_source, used, moved, deltas = self._pull_chain(model, shard, base.version, ch["chain"],
-                                                                       ch.get("plan"))
+                                                                       ch.get("plan"), done)
             lap("pull")
             manifest = _target_manifest(base.rep.manifest, frames[-1], ch["manifest_digest"])
             result = self._decode_chain(base.rep, manifest, frames, (model, shard.key))
             lap("decode")
         except E.HubError as e:
+            self._tell_done(done)  # the deltas that did arrive are whole and verified: they serve on
             if not fallback:
                 raise
             log.warning("delta fetch of %s v%d failed (%s): fetching it in full", model, ch["version"], e)
             r = self.fetch(model, ch["version"], into=dest, shard=shard)
             r.mode = "full"
             return r
+        except BaseException:
+            self._tell_done(done)
+            raise
         if keep_base:  # v verified in its own buffers (not the scratch cache's any more); `into` untouched
-            self._register_applied(model, ch["version"], shard, manifest, result)
+            left = self._register_applied(model, ch["version"], shard, manifest, result, done=done,
+                                          digest=ch["manifest_digest"], drop=self._old_deltas(model, shard, ch["chain"][-1], keep))
             lap("register")
             r = FetchResult(ch["version"], result, per_source, used, time.monotonic() - t0, moved, manifest)
             r.mode, r.phases, r.deltas = "delta", ph, deltas
-            self._drop_old_deltas(model, shard, ch["chain"][-1], keep)
+            self._drop_old_deltas(model, shard, left)
             if self.on_fetch is not None:
                 self.on_fetch(r)
             return r
         # -- every unit of v verified in scratch: now (and only now) the old version in `into` goes
-        self._release_overlapping(into)
+        try:
+            self._release_overlapping(into)
+        except BaseException:
+            self._tell_done(done)
+            raise
         lap("release")
         for s in manifest.tensors:  # a memcpy per tensor (torch's copy_ is ~40x slower on a loaded 2-core box)
             if s.nbytes:
                 byte_view(into[s.name])[:] = byte_view(result[s.name])
         lap("apply")
         self._delta_scratch[(model, shard.key)] = result  # the next delta decodes into warm pages
-        self._register_applied(model, ch["version"], shard, manifest, into)
+        left = self._register_applied(model, ch["version"], shard, manifest, into, done=done, digest=ch["manifest_digest"],
+                                      drop=self._old_deltas(model, shard, ch["chain"][-1], keep))
         lap("register")
         r = FetchResult(ch["version"], into, per_source, used, time.monotonic() - t0, moved, manifest)
         r.mode, r.phases = "delta", ph
-        self._drop_old_deltas(model, shard, ch["chain"][-1], keep)  # after the clock: the caller has v
+        self._drop_old_deltas(model, shard, left)  # after the clock: the caller has v
         if self.on_fetch is not None:
             self.on_fetch(r)
         return r
@@ -198,12 +209,13 @@ class DeltaSync:
                 return _Held(v, rep)
         return None
 
-    def _pull_chain(self, model: str, shard: Shard, base: int, chain: list[int], plan: dict | None = None):
+    def _pull_chain(self, model: str, shard: Shard, base: int, chain: list[int], plan: dict | None = None,
+                    done: list | None = None):
         """Fetch the chain's deltas, all at once (this worker then holds and serves them); their frames in
         order (and {version: the delta's tensors}). `plan`: the first delta's plan, sent with the hub's choice (its manifest in compact form)."""
         if plan is not None:
             try:
-                plan = {k: v for k, v in plan.items() if k != "compact_manifest"} | \
+                plan = expand_plan({k: v for k, v in plan.items() if k != "compact_manifest"}, model, chain[0], shard) | \
                     {"manifest": from_compact_wire(plan.get("compact_manifest") or {})}
             except E.HubError:
                 self._fetch_done(str(plan.get("fetch_id")), ok=False)  # the hub closes the plan it made
@@ -212,7 +224,8 @@ class DeltaSync:
 
         def pull(dv: int) -> None:
             try:
-                got[dv] = self.fetch(delta_model(model), dv, shard=shard, _plan=plan if dv == chain[0] else None)
+                got[dv] = self.fetch(delta_model(model), dv, shard=shard, _plan=plan if dv == chain[0] else None,
+                                     _done_later=done)
             except BaseException as e:  # noqa: BLE001 - raised below, after every pull ended
                 got[dv] = e
 
@@ -268,28 +281,59 @@ class DeltaSync:
         self._register_applied(model, version, shard, man, dict(tensors), raise_errors=True)
 
     def _register_applied(self, model: str, ver: int, shard: Shard, manifest: Manifest,
-                          into: dict[str, torch.Tensor], raise_errors: bool = False) -> None:
+                          into: dict[str, torch.Tensor], raise_errors: bool = False, done: list | None = None,
+                          digest: str | None = None, drop: list[int] = ()) -> list[int]:
+        """Register v, held in `into`. With `digest` (v's manifest digest from `delta_choose`, which this
+        manifest was checked against) in one `applied` call that also tells the fetches `done` finished
+        and releases the old delta objects `drop` (versions) that nothing reads or needs any more; the
+        manifest itself and each fetch's end otherwise (and whenever `applied` fails). Returns the
+        versions of `drop` still held: the caller releases them the usual way (`_drop_old_deltas`)."""
         rid = ReplicaId(self.worker_id, model, ver, shard.key).wire
         self.store.add(LocalReplica(rid, manifest, into, full=True))
         self._held[rid] = (model, ver, shard, "live")
+        left = list(drop)
         try:
-            self._call("register", wid=self.worker_id, model=model, version=ver, shard=shard.to_wire(),
-                       slot="live", manifest=manifest.to_wire())
+            if digest is not None:
+                unknown, released = self._call("applied", wid=self.worker_id, model=model, version=ver,
+                                               shard=shard.to_wire(), manifest_digest=digest,
+                                               done=[d[0] for d in done or ()], release_deltas=left)
+                done = [d for d in done or () if d[0] in set(unknown)]  # the hub forgot them: tell below
+                for dv in released:  # the hub routes no read to them and none is in flight: drop them here
+                    self._released(ReplicaId(self.worker_id, delta_model(model), dv, shard.key).wire)
+                left = [dv for dv in left if dv not in set(released)]
+            else:
+                self._call("register", wid=self.worker_id, model=model, version=ver, shard=shard.to_wire(),
+                           slot="live", manifest=manifest.to_wire())
         except E.HubError as e:  # e.g. forgotten meanwhile: the bytes are v's, but nobody is routed here
             self._held.pop(rid, None)
             self.store.remove(rid)
             if raise_errors:
                 raise
             log.warning("applied %s v%d by delta but could not register it: %s", model, ver, e)
+        finally:
+            self._tell_done(done)
+        return left
 
-    def _drop_old_deltas(self, model: str, shard: Shard, newest: int, keep: int) -> None:
+    def _tell_done(self, done: list | None) -> None:
+        """Tell the hub each fetch in `done` ended well (the deferred `fetch_done`s), and forget them."""
+        while done:
+            fid, rep, model, ver, shard = done.pop()
+            self._fetch_done(fid, ok=True, rep=rep, model=model, version=ver, shard=shard)
+
+    def _old_deltas(self, model: str, shard: Shard, newest: int, keep: int) -> list[int]:
+        """Versions of the delta objects of (model, shard) held here that are older than the newest
+        `keep` (at least 1) up to `newest`."""
         dm = delta_model(model)
-        for rid, (m, v, s, slot) in list(self._held.items()):
-            if m == dm and s.key == shard.key and slot == "live" and v <= newest - max(1, keep):
-                try:
-                    self.release(dm, v, shard)
-                except E.HubError as e:
-                    log.warning("releasing old delta %s v%d: %s", dm, v, e)
+        return sorted(v for m, v, s, slot in list(self._held.values())
+                      if m == dm and s.key == shard.key and slot == "live" and v <= newest - max(1, keep))
+
+    def _drop_old_deltas(self, model: str, shard: Shard, versions: list[int]) -> None:
+        dm = delta_model(model)
+        for v in versions:
+            try:
+                self.release(dm, v, shard)
+            except E.HubError as e:
+                log.warning("releasing old delta %s v%d: %s", dm, v, e)
 
 
 def _target_manifest(held: Manifest, last: list, digest: str) -> Manifest:

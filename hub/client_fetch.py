@@ -76,7 +76,8 @@ class Fetching:
 
     def fetch(self, model: str, version: int | str = "latest", into: dict[str, torch.Tensor] | None = None,
               shard: Shard = Shard(), group: tuple[str, int] | None = None,
-              on_unit: Callable[[Manifest, int], None] | None = None, _plan: dict | None = None) -> FetchResult:
+              on_unit: Callable[[Manifest, int], None] | None = None, _plan: dict | None = None,
+              _done_later: list | None = None) -> FetchResult:
         """Pull (model, version, shard) from peers per the hub's plan; verify every unit.
 
         `version` is 'latest' or a committed version number; `group=(name, size)` pins a reader group
@@ -85,6 +86,9 @@ class Fetching:
         `on_unit(manifest, u)` is called from transfer threads once unit `u` has landed and verified
         (to consume tensors while the rest still arrive); a fetch of a version already held calls it
         for no unit. `_plan`: a plan the hub already sent (with its manifest), from `delta_choose`.
+        `_done_later`: the fetch's successful end is not told now but appended here as
+        (fetch id, replica, model, version, shard), for the caller to tell with its next call
+        (`fetch_delta`: with the registration of the version it applied, `applied`) or by `_fetch_done`.
         """
         wid = self._need_join()
         _check_coords("fetch", model, version, shard)
@@ -177,7 +181,10 @@ class Fetching:
             log.exception("fetch %s failed unexpectedly", fid)
             self._abort_fetch(dest, fid, e)
         self._held[rid] = (model, ver, shard, "live")  # first: a re-join from now on registers it
-        self._fetch_done(fid, ok=True, rep=dest, model=model, version=ver, shard=shard)
+        if _done_later is not None:
+            _done_later.append((fid, dest, model, ver, shard))
+        else:
+            self._fetch_done(fid, ok=True, rep=dest, model=model, version=ver, shard=shard)
         secs = time.monotonic() - t0
         result = FetchResult(ver, dest_tensors, per_source, used, secs, manifest.nbytes, manifest)
         if self.on_fetch is not None:

@@ -171,14 +171,18 @@ class Publishing:
             if handoff:
                 return "seed"
             self._offload_seed(rid)
+        self._released(rid)
+        log.debug("released %s in %.3fs", rid, time.monotonic() - t0)
+        return "done"
+
+    def _released(self, rid: str) -> None:
+        """The hub released `rid` (routes no read to it): drop it here once local reads drain."""
         rep = self.store.remove(rid)
         self._held.pop(rid, None)
         self._published.discard(rid)
         if rep is not None and not rep.wait_drained(self.cfg.dataplane.io_timeout_s):
             log.warning("release of %s: a local read did not finish within %.0fs", rid,
                         self.cfg.dataplane.io_timeout_s)
-        log.debug("released %s in %.3fs", rid, time.monotonic() - t0)
-        return "done"
 
     def _reregister(self, rid: str) -> bool:
         model, version, shard, slot = self._held[rid]

@@ -155,6 +155,7 @@ class Session:
                 except E.HubError as e:
                     log.warning("heartbeat to %s failed: %s", self.address, e)
                     continue
+                r = r or {}  # nil: nothing to drop, no task
                 for rid in r.get("drops", []):
                     rep = self.store.remove(rid)
                     self._held.pop(rid, None)

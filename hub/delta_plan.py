@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 from . import errors as E
 from .manifest import Manifest
+from .replica_id import ReplicaId
+from .shard import Shard
 
 SUFFIX = "@delta"
 
@@ -54,18 +56,54 @@ def delta_base(manifest: Manifest) -> int:
 
 def compact_wire(m: Manifest) -> dict:
     """A delta object's manifest without what its naming rule implies (tensor names, dtype, shape):
-    {"b": base, "n": [frame bytes], "u": units as in `Manifest.to_wire`}. A third of the bytes."""
-    w = m.to_wire()
-    return {"b": delta_base(m), "n": [t.nbytes for t in m.tensors], "u": w["u"]}
+    {"b": base, "n": [frame bytes], "u": units}. A unit made of whole frames in order (a packed unit
+    of small frames: every frame of a small model's delta) is [checksum, first frame, count] — its
+    segments and size follow from "n"; any other is [nbytes, checksum, segments] as in
+    `Manifest.to_wire`."""
+    sizes = [t.nbytes for t in m.tensors]
+    units = []
+    for u in m.units:
+        i0 = u.segments[0][0]
+        whole = all(ti == i0 + k and off == 0 and ln == sizes[ti] for k, (ti, off, ln) in enumerate(u.segments))
+        units.append([u.checksum, i0, len(u.segments)] if whole else [u.nbytes, u.checksum, [list(g) for g in u.segments]])
+    return {"b": delta_base(m), "n": sizes, "u": units}
 
 
 def from_compact_wire(d: dict) -> dict:
     """`compact_wire`'s inverse, as `Manifest.to_wire` (for `Manifest.from_wire`, which validates it)."""
     try:
         base, sizes = int(d["b"]), [int(n) for n in d["n"]]
-        return {"t": [[tensor_name(base, i), "uint8", [n], n] for i, n in enumerate(sizes)], "u": d["u"]}
-    except (KeyError, TypeError, ValueError) as e:
+        units = []
+        for u in d["u"]:
+            if isinstance(u[2], int):  # whole frames i0 .. i0 + count - 1
+                checksum, i0, count = int(u[0]), int(u[1]), int(u[2])
+                if not (0 <= i0 and 0 < count and i0 + count <= len(sizes)):
+                    raise ValueError(f"frames {i0}..{i0 + count - 1} of {len(sizes)}")
+                units.append([sum(sizes[i0:i0 + count]), checksum, [[i, 0, sizes[i]] for i in range(i0, i0 + count)]])
+            else:
+                units.append(u)
+        return {"t": [[tensor_name(base, i), "uint8", [n], n] for i, n in enumerate(sizes)], "u": units}
+    except (KeyError, TypeError, ValueError, IndexError) as e:
         raise E.ManifestMismatchError(f"malformed compact delta manifest: {e}") from None
+
+
+def compact_plan(plan: dict, model: str, shard: Shard) -> dict:
+    """The first delta's plan without what the reader knows (`expand_plan` puts it back): its
+    version (the chain's first), `held` (false), and each source's replica id when it is the source's
+    live replica of that delta object."""
+    ver = plan.pop("version")
+    plan.pop("held")
+    for src in plan["sources"]:
+        if src["replica"] == ReplicaId(src["worker"], delta_model(model), ver, shard.key).wire:
+            del src["replica"]
+    return plan
+
+
+def expand_plan(plan: dict, model: str, version: int, shard: Shard) -> dict:
+    """`compact_plan`'s inverse (`version`: the chain's first)."""
+    sources = [{**src, "replica": src.get("replica") or ReplicaId(str(src.get("worker")), delta_model(model), version,
+                                                                   shard.key).wire} for src in plan.get("sources", [])]
+    return {**plan, "version": version, "held": False, "sources": sources}
 
 
 @dataclass(kw_only=True, slots=True)

@@ -37,8 +37,8 @@ class PlanReplies:
         exp = time.time() + self.ttl
         packed, digest = self.manifests.entry(plan.manifest)
         head = {"fetch_id": plan.fetch_id, "version": plan.version, "held": plan.held,
-                "sources": [{"replica": rep.id, "worker": w.id, "endpoint": w.endpoint,
-                             "location": w.location.to_wire(), "units": units, "full": rep.full}
+                "sources": [{"replica": rep.id, "worker": w.id, "endpoint": w.peer_endpoint,
+                             "units": units, "full": rep.full}
                             for rep, w, units in plan.sources],
                 **({} if have is None else {"manifest_digest": digest})}
         tickets = [Ticket(plan.fetch_id, wid, reader_key, w.id, rep.id, exp) for rep, w, _ in plan.sources]

@@ -22,13 +22,13 @@ from dataclasses import dataclass
 import zmq
 
 from . import errors as E
-from .delta_plan import compact_wire, delta_model
 from .journal import Journal
 from .known_manifests import KnownManifests
 from .location import Location
 from .replica_id import ReplicaId
 from .plan_replies import Packed, PlanReplies
 from .rpc import MAX_MESSAGE_BYTES, pack, read_or_create_token
+from .server_delta import DeltaOps
 from .server_load import HubLoad, packed_map
 from .shard import Shard
 from .state import DONE, KEEP_OLD, PENDING, HubConfig, HubState
@@ -42,7 +42,7 @@ TICK_S = 0.2
 _MORE = int(zmq.SNDMORE)
 
 
-class HubServer:
+class HubServer(DeltaOps):
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0, token: str, journal: str,
                  config: HubConfig | None = None) -> None:
         self.cfg = config or HubConfig()
@@ -232,8 +232,11 @@ class HubServer:
                 "worker_timeout_s": self.cfg.worker_timeout_s}
 
     def op_heartbeat(self, ident, rid, wid: str):
+        """{"drops", "tasks"} when there is something to say; nil when not (most beats: every worker
+        beats each `heartbeat_s`, and a remote worker's beats cross its DC link)."""
         self.state.touch(wid)
-        return {"drops": self.state.drops_for(wid), "tasks": self.state.tasks_for(wid)}
+        drops, tasks = self.state.drops_for(wid), self.state.tasks_for(wid)
+        return {"drops": drops, "tasks": tasks} if drops or tasks else None
 
     def op_leave(self, ident, rid, wid: str):
         self.state.touch(wid)
@@ -271,27 +274,10 @@ class HubServer:
         exp = time.time() + self.cfg.ticket_ttl_s
         key = self.state.workers[wid].endpoint["reader_key"]  # join checked it is there
         return {"fetch_id": plan.fetch_id, "version": plan.version, "held": plan.held,
-                "sources": [{"replica": rep.id, "worker": w.id, "endpoint": w.endpoint,
-                             "location": w.location.to_wire(), "units": units, "full": rep.full,
+                "sources": [{"replica": rep.id, "worker": w.id, "endpoint": w.peer_endpoint,
+                             "units": units, "full": rep.full,
                              "ticket": self.signer.sign(Ticket(plan.fetch_id, wid, key, w.id, rep.id, exp))}
                             for rep, w, units in plan.sources]}
-
-    def op_delta_choose(self, ident, rid, wid: str, model: str, version, shard: Shard, base: int, into_spec=None):
-        """Full or a delta chain; for a chain, v's manifest by digest (the reader rebuilds it from the
-        layout it holds and the checksums in the last delta's frames) and the plan of the chain's first
-        delta (manifest in `delta_plan.compact_wire`): one round trip across the link, not two."""
-        t0 = time.perf_counter()
-        out = self.state.choose_update(wid, model, version, shard, base, into_spec)
-        out["manifest_digest"] = self._manifest_bytes.entry(out.pop("manifest"))[1]
-        if out["mode"] == "delta":
-            try:
-                plan = self.state.plan_fetch(wid, delta_model(model), out["chain"][0], shard)
-            except E.HubError:  # e.g. no holder right now: the reader's own fetch parks / re-plans it
-                return out
-            if not plan.held:
-                out["plan"] = self._plan_fields(wid, plan) | {"compact_manifest": compact_wire(plan.manifest)}
-                self.load.plan_done(time.perf_counter() - t0)
-        return out
 
     def op_fetch_done(self, ident, rid, wid: str, fetch_id: str, ok: bool):
         self.state.fetch_done(wid, fetch_id, ok)

@@ -22,6 +22,16 @@ class WorkerRec:
     role: str = "worker"
     follow: bool = False
     tasks: list = field(default_factory=list)
+    _peer: dict | None = None
+
+    @property
+    def peer_endpoint(self) -> dict:
+        """The endpoint as a reader gets it in a plan: everything but this worker's own reader key
+        (a reader proves itself with its own key; the source's is of no use to it, and 46 bytes per
+        source per plan cross every link). Computed once: a record's endpoint never changes."""
+        if self._peer is None:
+            self._peer = {k: v for k, v in self.endpoint.items() if k != "reader_key"}
+        return self._peer
 
 
 @dataclass(slots=True)

@@ -78,6 +78,18 @@ class Releases:
             self._release_events.shard(model, version, shard.key)
         return self.release_step(rid)
 
+    def release_if_free(self, wid: str, model: str, version: int, shard: Shard) -> bool:
+        """Release `wid`'s live replica of (model, version, shard) only if retention would drop it now
+        (no read in flight from it, no copy it must keep): True then; False, changing nothing, for
+        anything else (not held, still fetching, being released or handed off, would wait or seed)."""
+        rid = ReplicaId(wid, model, version, shard.key, "live").wire
+        r = self.replicas.get(rid)
+        if r is None or not r.full or r.releasing or rid in self.handoffs or rid in self.pending_releases:
+            return False
+        if self.retention.decide_release(self._release_view(r)).action is not Action.RELEASE:
+            return False
+        return self.release_step(rid) is DONE
+
     def release_step(self, rid: str) -> Release:
         """One evaluation of a release (`retention.decide_release`); PENDING ones are re-evaluated
         by `poll_releases`. This gathers the view and applies the decision; it decides nothing."""

@@ -186,8 +186,12 @@ SPECS: dict[str, dict[str, tuple[Callable, bool]]] = {  # op -> argument -> (che
     "replan": {"wid": (_WID, True), "fetch_id": (_str, True), "failed": (_list(_str), True),
                "units": (_list(_int(0, 2**32)), True)},
     "delta_choose": {"wid": (_WID, True), "model": (_model, True), "version": (_version_or_latest, True),
-                     "shard": (_shard, True), "base": (_int(), True), "into_spec": (_optional(_into_spec), False)},
+                     "shard": (_shard, True), "base": (_int(), True), "into_spec": (_optional(_into_spec), False),
+                     "explain": (_bool, False)},
     "fetch_done": {"wid": (_WID, True), "fetch_id": (_str, True), "ok": (_bool, True)},
+    "applied": {"wid": (_WID, True), "model": (_model, True), "version": (_int(), True),
+                "shard": (_shard, True), "manifest_digest": (_str, True), "done": (_list(_str), True),
+                "release_deltas": (_list(_int()), False)},
     "release": {"wid": (_WID, True), "model": (_model, True), "version": (_int(), True),
                 "shard": (_shard, True), "slot": (_str, False), "handoff": (_bool, False)},
 }

@@ -110,7 +110,8 @@ def test_reader_missing_two_versions_takes_the_chain(cluster):
     v = tr.step()
     got = r.fetch_delta("policy", into=buf)
     assert got.mode == "delta" and got.version == v and same(buf, tr.snap[v])
-    choice = r._call("delta_choose", wid=r.worker_id, model="policy", version="latest", shard=[0, 0, 1, 1], base=1)
+    choice = r._call("delta_choose", wid=r.worker_id, model="policy", version="latest", shard=[0, 0, 1, 1], base=1,
+                     explain=True)
     assert choice["chain"] == [2, 3]
     assert got.nbytes == choice["delta_bytes"]
 
@@ -312,10 +313,48 @@ def test_a_following_seed_worker_holds_the_chain_for_a_late_reader(cluster, wait
             v = tr.step()
             wait_until(lambda: ("policy@delta", v) in {(x.model, x.version) for x in seed.held_ids()},
                        what=f"the seed worker following delta v{v}")
-        tr.c._drop_old_deltas("policy", Shard(), v + 1, keep=1)  # the publisher lets its deltas go
+        tr.c._drop_old_deltas("policy", Shard(), tr.c._old_deltas("policy", Shard(), v + 1, keep=1))  # the publisher lets its deltas go
         assert not [x for x in tr.c.held_ids() if x.model == "policy@delta"]
         got = late.fetch_delta("policy", into=buf)
         assert got.mode == "delta" and got.version == v and same(buf, tr.snap[v])
         assert set(got.bytes_by_source) == {seed.worker_id}  # the chain v2, v3 came from the seed
     finally:
         seed.leave()
+
+
+@pytest.mark.parametrize("cluster", ["always"], indirect=True)
+def test_applied_is_one_round_trip_and_checked_before_it_changes_anything(cluster):
+    """After a delta fetch the reader's last word is one `applied` call: v registered by its manifest's
+    digest, the delta fetch closed (its relay a full replica), the old delta object released. A wrong
+    digest or an uncommitted version is refused typed with nothing changed; an unknown fetch id is
+    answered back, not an error."""
+    hub, make = cluster
+    tr = Trainer(make(dc="dc0", host="t"))
+    r = make(dc="dc1", host="r")
+    tr.step()
+    buf = r.fetch("policy").tensors
+    calls = []
+    real_call = r._call
+    r._call = lambda op, **kw: (calls.append(op), real_call(op, **kw))[1]
+    for _ in range(3):
+        v = tr.step()
+        got = r.fetch_delta("policy", into=buf)
+        assert got.mode == "delta" and got.version == v and same(buf, tr.snap[v])
+    assert "fetch_done" not in calls and "register" not in calls  # both inside `applied`
+    assert calls.count("delta_choose") == 3 and calls.count("applied") == 3
+    state = hub.server.state
+    wid = r.worker_id
+    held = {(x.model, x.version, x.full) for x in state.replicas.values() if x.worker == wid}
+    assert (delta_model("policy"), v, True) in held and ("policy", v, True) in held  # relay closed: full
+    assert not any(m == delta_model("policy") and ver < v - 1 for m, ver, _ in held)  # old deltas released
+    before = (sorted(state.replicas), sorted(state.fetches))
+    with pytest.raises(E.ManifestMismatchError):
+        real_call("applied", wid=wid, model="policy", version=v, shard=Shard().to_wire(), manifest_digest="0" * 32,
+                  done=["f-none"], release_deltas=[v])
+    with pytest.raises(E.VersionNotFoundError):
+        real_call("applied", wid=wid, model="policy", version=v + 5, shard=Shard().to_wire(),
+                  manifest_digest="0" * 32, done=[], release_deltas=[])
+    assert (sorted(state.replicas), sorted(state.fetches)) == before
+    digest = hub.server._manifest_bytes.entry(state.models["policy"].versions[v].manifests[Shard().key])[1]
+    assert real_call("applied", wid=wid, model="policy", version=v, shard=Shard().to_wire(), manifest_digest=digest,
+                     done=["f-none"], release_deltas=[]) == [["f-none"], []]
