@@ -1,13 +1,16 @@
-"""vLLM CPU with tensor_parallel_size=2: each TP rank reads only its slices of a ZeRO-3-sharded version.
+"""`VllmEngine` at tensor_parallel_size=2: each TP rank reads only its slices of each version.
 
     scripts/run python examples/vllm_tp_slices.py [--json out.json]
 
 1. A tiny random Llama (4 heads, 2 KV heads: TP=2 divides them; SmolLM2-135M has 9 heads and cannot
    run at TP=2) is written once to a directory; a "trainer" holds a new version of it in fp32.
-2. Two hub workers publish that version as ZeRO-3 partitions (what a 2-rank DeepSpeed trainer publishes).
-3. vLLM starts with `tensor_parallel_size=2` (two worker processes, gloo), rlsync's worker extension
-   (`rollout/vllm_tp.py`) on each; each rank joins the hub, reads its row/column blocks
-   (`ReshardReader.read`), and the direct apply writes them into its layers in place.
+2. Two hub workers publish that version as ZeRO-3 partitions (what a 2-rank DeepSpeed trainer publishes);
+   version 2 is published whole (one worker, whole tensors).
+3. `VllmEngine(tensor_parallel_size=2)` starts vLLM (two worker processes, gloo) with rlsync's worker
+   extension (`rollout/vllm_tp.py`) on each; `join_hub` joins each rank to the hub and `load_version`
+   makes each rank read its row/column blocks (v1: `ReshardReader.read`, only the units holding them;
+   v2: the whole tensors, cut on the rank) and the direct apply writes them into its layers in place.
+   Then a read of a version the hub never had fails (`TPLoadError`) and the engine keeps v2.
 4. Checked: every rank's slices equal the trainer's tensors cut the same way (bit for bit, by digest),
    vLLM's own fused qkv / gate_up buffers equal the trainer's blocks in bf16, and vLLM's log-probs
    follow the new weights (mean |Δ log p| against the trainer's fp32 recomputation, before vs after).
@@ -49,24 +52,27 @@ def main(argv=None) -> dict:
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0|1")
     import torch
     from transformers import LlamaForCausalLM
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
 
     from rlsync.hub import HubClient, Location, start_embedded_hub
     from rlsync.hub.manifest import dtype_name
     from rlsync.hub.reshard import zero3_layout
     from rlsync.hub.reshard_read import publish_shard
-    from rlsync.rollout.vllm_tp import EXTENSION, load_slices, sha256 as digest, tp_dests
+    from rlsync.rollout.vllm_engine import VllmEngine
+    from rlsync.rollout.vllm_tp import sha256 as digest, tp_dests
 
     d = tiny_llama(args.dir)
     hf = LlamaForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
     g = torch.Generator().manual_seed(1)
-    with torch.no_grad():  # the new version (bf16-exact), with a peaked head so log-probs tell versions apart
-        for n, p in hf.named_parameters():
-            w = p * (1 + 0.5 * torch.randn(p.shape, generator=g)) * (40 if n == "lm_head.weight" else 1)
-            p.copy_(w.to(torch.bfloat16).float())
-    full = {n: p.data for n, p in hf.named_parameters()}
-    layout = zero3_layout({n: (tuple(t.shape), dtype_name(t.dtype)) for n, t in full.items()}, 2)
+
+    def new_version():  # bf16-exact weights, with a peaked head so log-probs tell versions apart
+        with torch.no_grad():
+            for n, p in hf.named_parameters():
+                w = p * (1 + 0.5 * torch.randn(p.shape, generator=g)) * (40 if n == "lm_head.weight" else 1)
+                p.copy_((w / w.abs().max() * 4 if n == "lm_head.weight" else w).to(torch.bfloat16).float())
+        return {n: p.data.clone() for n, p in hf.named_parameters()}
+
+    v1 = new_version()
+    layout = zero3_layout({n: (tuple(t.shape), dtype_name(t.dtype)) for n, t in v1.items()}, 2)
     hub = start_embedded_hub()
     trainer = []
     for r in range(2):  # ZeRO-3 partitions as p.ds_tensor holds them: the real elements, then padding
@@ -75,54 +81,68 @@ def main(argv=None) -> dict:
         live = {}
         for p in layout.ranks[r]:
             live[p.name] = torch.zeros(p.length + p.padding)
-            live[p.name][:p.length] = full[p.name].reshape(-1)[p.start:p.start + p.length]
+            live[p.name][:p.length] = v1[p.name].reshape(-1)[p.start:p.start + p.length]
         publish_shard(c, "policy", 1, layout, r, live)
         trainer.append(c)
+    v2 = new_version()  # the next version, published whole (a trainer without ZeRO-3)
+    trainer[0].publish("policy", 2, v2)
     t0 = time.monotonic()
-    llm = LLM(model=d, dtype="bfloat16", enforce_eager=True, max_model_len=128, skip_tokenizer_init=True,
-              tensor_parallel_size=2, distributed_executor_backend="mp", enable_prefix_caching=False,
-              worker_extension_cls=EXTENSION)
+    engine = VllmEngine(VllmEngine.Config(model_dir=d, max_model_len=128, max_new_tokens=8, seed=3,
+                                          tensor_parallel_size=2), eos_token_id=2, pad_token_id=0)
     start_s = time.monotonic() - t0
     prompt = [1, 5, 6, 7, 8, 9]
-    sp = SamplingParams(max_tokens=8, temperature=1.0, logprobs=0, seed=3, detokenize=False)
 
-    def gap() -> float:
-        o = llm.generate([TokensPrompt(prompt_token_ids=prompt)], sp, use_tqdm=False)[0].outputs[0]
+    def gap(weights) -> float:
+        """Mean |vLLM's log-prob - the trainer's fp32 log-prob of `weights`| over sampled tokens."""
         with torch.no_grad():
-            lp = torch.log_softmax(hf(torch.tensor([prompt + list(o.token_ids)])).logits[0], -1)
-        ref = [lp[len(prompt) - 1 + i, t].item() for i, t in enumerate(o.token_ids)]
-        return sum(abs(a - x[t].logprob) for a, t, x in zip(ref, o.token_ids, o.logprobs)) / len(ref)
+            for n, p in hf.named_parameters():
+                p.copy_(weights[n])
+        out = engine.generate([prompt])
+        ids, k = out.response_ids[0], out.input_ids.shape[1] - max(len(x) for x in out.response_ids)
+        with torch.no_grad():
+            lp = torch.log_softmax(hf(torch.tensor([prompt + ids])).logits[0], -1)
+        ref = [lp[len(prompt) - 1 + i, t].item() for i, t in enumerate(ids)]
+        return sum(abs(a - out.logprobs[0, k + i].item()) for i, a in enumerate(ref)) / len(ref)
 
-    before = gap()
-    ids = llm.collective_rpc("rlsync_join", args=(hub.address, hub.token, "h0", "engine0"))
-    t0 = time.monotonic()
-    ranks = load_slices(llm, "policy", 1, layout)
-    load_s = time.monotonic() - t0
-    after = gap()
-    bufs = llm.collective_rpc("rlsync_buffer_digests")
+    before = gap(v1)
+    ids = engine.join_hub(hub.address, hub.token, "h0", "engine0")
     names = {c.worker_id: f"trainer-rank{i}" for i, c in enumerate(trainer)}
-    model_bytes = sum(t.nbytes for t in full.values())
-    out = {"start_s": round(start_s, 1), "load_s_both_ranks": round(load_s, 3), "model_bytes": model_bytes,
-           "gap_before": round(before, 4), "gap_after": round(after, 4), "ranks": []}
+    out = {"start_s": round(start_s, 1), "model_bytes": sum(t.nbytes for t in v1.values()),
+           "gap_before": round(before, 4), "versions": []}
     exact = True
-    for r, res in enumerate(ranks):
-        k = res["rank"]
-        want = {}
-        for dd in tp_dests(list(full), k, 2):
-            s = dd.slices[0]
-            want[dd.name] = full[s.name] if s.dim is None else full[s.name].chunk(2, s.dim)[s.part]
-        ok = res["digests"] == {n: digest(t) for n, t in want.items()}
-        for layer in range(2):  # vLLM's own fused buffers, in its layout and dtype
-            a, m = f"model.layers.{layer}.self_attn", f"model.layers.{layer}.mlp"
-            ok &= bufs[r][f"{a}.qkv_proj"] == digest(torch.cat([want[f"{a}.{x}_proj.weight"] for x in "qkv"]).to(torch.bfloat16))
-            ok &= bufs[r][f"{m}.gate_up_proj"] == digest(torch.cat([want[f"{m}.gate_proj.weight"],
-                                                                    want[f"{m}.up_proj.weight"]]).to(torch.bfloat16))
-        exact &= ok
-        out["ranks"].append({"rank": k, "hub_id": ids[r], "exact": ok, "slice_bytes": res["nbytes"],
-                             "bytes_by_source": {names.get(w, w): n for w, n in res["bytes_by_source"].items()},
-                             "read_s": round(res["read_s"], 4), "apply_s": round(res["apply_s"], 4)})
+    for version, full, lay in ((1, v1, layout), (2, v2, None)):
+        t0 = time.monotonic()
+        ranks = engine.load_version("policy", version, lay, digests=True)
+        row = {"version": version, "published": "zero3" if lay else "whole", "engine_version": engine.version,
+               "load_s_both_ranks": round(time.monotonic() - t0, 3), "gap_after": round(gap(full), 4), "ranks": []}
+        bufs = engine.llm.collective_rpc("rlsync_buffer_digests")
+        for r, res in enumerate(ranks):
+            k = res["rank"]
+            want = {}
+            for dd in tp_dests(list(full), k, 2):
+                s = dd.slices[0]
+                want[dd.name] = full[s.name] if s.dim is None else full[s.name].chunk(2, s.dim)[s.part]
+            ok = res["digests"] == {n: digest(t) for n, t in want.items()} and res["version"] == version
+            for layer in range(2):  # vLLM's own fused buffers, in its layout and dtype
+                a, m = f"model.layers.{layer}.self_attn", f"model.layers.{layer}.mlp"
+                ok &= bufs[r][f"{a}.qkv_proj"] == digest(torch.cat([want[f"{a}.{x}_proj.weight"] for x in "qkv"]).to(torch.bfloat16))
+                ok &= bufs[r][f"{m}.gate_up_proj"] == digest(torch.cat([want[f"{m}.gate_proj.weight"],
+                                                                        want[f"{m}.up_proj.weight"]]).to(torch.bfloat16))
+            exact &= ok
+            row["ranks"].append({"rank": k, "hub_id": ids[r], "exact": ok, "slice_bytes": res["nbytes"],
+                                 "bytes_by_source": {names.get(w, w): n for w, n in res["bytes_by_source"].items()},
+                                 "read_s": round(res["read_s"], 4), "apply_s": round(res["apply_s"], 4)})
+        out["versions"].append(row)
+    try:  # a version the hub never had: the read fails on every rank, nothing is applied
+        engine.load_version("policy", 9, layout)
+        out["failed_read"] = "loaded?!"
+    except Exception as e:  # noqa: BLE001 - reported
+        out["failed_read"] = type(e).__name__
+    out["version_after_failed_read"] = engine.version
+    out["gap_after_failed_read"] = round(gap(v2), 4)
     out["exact"] = exact
-    llm.collective_rpc("rlsync_leave")
+    engine.llm.collective_rpc("rlsync_leave")
+    engine.shutdown()
     for c in trainer:
         c.leave()
     hub.stop()

@@ -20,7 +20,13 @@ checkpoint names, so each layer is re-processed as soon as its weights are in. W
 `VLLM_ENABLE_V1_MULTIPROCESSING=0` the worker runs in this process and reads the caller's
 tensors directly (no serialization, no copy besides vLLM's own repacking).
 
-Simplifies: one engine process (tensor parallel 1); the `LLM` offline API, batch by batch.
+Tensor parallel (`tensor_parallel_size=k > 1`, rollout/vllm_tp.py): vLLM runs k worker processes
+(`mp` executor, gloo) with rlsync's worker extension; `apply` cannot reach them (it sends Python
+callables), so weights arrive by `join_hub` + `load_version`: every rank reads only its slices from
+the hub and applies them in place (named collective_rpc methods). A model TP=k cannot split is
+refused before vLLM starts (`TensorParallelError`).
+
+Simplifies: the `LLM` offline API, batch by batch.
 """
 from __future__ import annotations
 
@@ -40,6 +46,35 @@ log = logging.getLogger(__name__)
 
 class WeightApplyError(RuntimeError):
     """An update could not be applied completely; the engine refuses to generate until a good one is."""
+
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+class TensorParallelError(ValueError):
+    """The model or the engine's options cannot run at the requested tensor_parallel_size."""
+
+
+def check_tensor_parallel(model_dir: str, config: "VllmEngine.Config") -> None:
+    """Refuse, before vLLM starts, a model TP=k cannot split as rlsync's slice loader needs (heads,
+    KV heads and MLP width divisible by k) and options that cannot work with TP > 1."""
+    import json
+
+    k = config.tensor_parallel_size
+    if k < 1:
+        raise TensorParallelError(f"tensor_parallel_size must be >= 1 (got {k})")
+    if k == 1:
+        return
+    if config.apply_mode != "direct":
+        raise TensorParallelError(f"apply_mode={config.apply_mode!r} cannot run at tensor_parallel_size={k}: "
+                                  "TP ranks load their slices by the direct apply only")
+    with open(os.path.join(model_dir, "config.json")) as f:
+        hf = json.load(f)
+    for key in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
+        n = hf.get(key, hf.get("num_attention_heads") if key == "num_key_value_heads" else None)
+        if n is None or n % k:
+            raise TensorParallelError(f"{model_dir}: {key}={n} is not divisible by tensor_parallel_size={k} "
+                                      "(each TP rank must hold whole heads and equal MLP blocks)")
 
 
 class _DropDtypeNotes(logging.Filter):
@@ -95,26 +130,44 @@ class VllmEngine:
         """How `apply` writes a version: "direct" (rollout/vllm_direct.py: one converting copy per tensor
         into buffers laid out like vLLM's fused parameters, then each layer's own repacking; falls back
         to the layerwise reload for a model it cannot place) or "layerwise" (vLLM's layerwise reload)."""
+        tensor_parallel_size: int = 1
+        """vLLM TP ranks (k > 1: k worker processes on gloo, each reading only its slices from the hub;
+        heads, KV heads and MLP width must divide by k; on CPU set VLLM_CPU_OMP_THREADS_BIND, e.g. "0|1")."""
 
     def __init__(self, config: "VllmEngine.Config", *, eos_token_id: int | None = None,
                  pad_token_id: int | None = None):
         from .model_dir import prepare_smollm2
 
         self.config = config
-        _vllm_env(config.kv_cache_gib, config.threads)
+        self.model_dir = config.model_dir or prepare_smollm2()
+        check_tensor_parallel(self.model_dir, config)  # before any process starts or weight moves
+        tp = config.tensor_parallel_size
+        if tp == 1:
+            _vllm_env(config.kv_cache_gib, config.threads)
+            extra = {}
+        else:  # workers are processes of their own: the caller must guard `__main__` (docs/vllm.md)
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.kv_cache_gib))
+            from .vllm_tp import EXTENSION
+
+            extra = dict(tensor_parallel_size=tp, distributed_executor_backend="mp", worker_extension_cls=EXTENSION)
+        # a directory without a tokenizer (a tiny test model): token ids in, token ids out
+        self._no_tokenizer = not any(os.path.exists(os.path.join(self.model_dir, f)) for f in _TOKENIZER_FILES)
+        if self._no_tokenizer:
+            if eos_token_id is None:
+                raise ValueError(f"{self.model_dir} has no tokenizer: pass eos_token_id")
+            extra["skip_tokenizer_init"] = True
         from vllm import LLM
 
-        self.model_dir = config.model_dir or prepare_smollm2()
         t0 = time.monotonic()
         self.llm = LLM(model=self.model_dir, dtype=config.dtype, enforce_eager=True, seed=config.seed,
                        max_model_len=config.max_model_len, logprobs_mode="processed_logprobs",
-                       gpu_memory_utilization=config.gpu_memory_utilization)
+                       gpu_memory_utilization=config.gpu_memory_utilization, **extra)
         self.start_s = time.monotonic() - t0
         quiet_dtype_notes()
-        tok = self.llm.get_tokenizer()
+        tok = None if self._no_tokenizer else self.llm.get_tokenizer()
         self.eos_token_id = eos_token_id if eos_token_id is not None else tok.eos_token_id
         self.pad_token_id = pad_token_id if pad_token_id is not None else (
-            tok.pad_token_id if tok.pad_token_id is not None else self.eos_token_id)
+            tok.pad_token_id if tok is not None and tok.pad_token_id is not None else self.eos_token_id)
         self._lock = threading.Lock()
         self._version = 0
         self._broken: str | None = None
@@ -136,11 +189,12 @@ class VllmEngine:
         from vllm import SamplingParams
 
         c = self.config
+        ids = {"detokenize": False} if self._no_tokenizer else {}
         if c.do_sample:
             return SamplingParams(temperature=c.temperature, top_p=c.top_p, top_k=c.top_k or -1,
-                                  max_tokens=c.max_new_tokens, logprobs=0, stop_token_ids=[self.eos_token_id])
+                                  max_tokens=c.max_new_tokens, logprobs=0, stop_token_ids=[self.eos_token_id], **ids)
         return SamplingParams(temperature=0.0, max_tokens=c.max_new_tokens, logprobs=0,
-                              stop_token_ids=[self.eos_token_id])
+                              stop_token_ids=[self.eos_token_id], **ids)
 
     def generate(self, prompts: list[list[int]]) -> Rollout:
         """Sample one response per prompt (repeat a prompt in the list for a GRPO group).
@@ -197,6 +251,9 @@ class VllmEngine:
         the same. `specs` (name, shape of every tensor of the version) enables the direct apply
         (`Config.apply_mode`, or `mode` for this call); without them the layerwise reload runs.
         """
+        if self.config.tensor_parallel_size > 1:
+            raise TensorParallelError("apply sends Python callables, which cannot reach TP workers in other "
+                                      "processes: use join_hub + load_version at tensor_parallel_size > 1")
         expected = set(expect) if expect is not None else None
         mode = mode or self.config.apply_mode
         if mode not in ("direct", "layerwise"):
@@ -218,6 +275,27 @@ class VllmEngine:
             self._version = version
             self._broken = None
             return time.monotonic() - t0
+
+    def join_hub(self, address: str, token: str | None, host: str, name: str) -> list[str]:
+        """TP > 1: every worker joins the hub at `address` as `name`-tp<rank>; returns their worker ids."""
+        return self.llm.collective_rpc("rlsync_join", args=(address, token, host, name))
+
+    def load_version(self, model: str, version: int, layout=None, *, digests: bool = False) -> list[dict]:
+        """TP > 1: every rank reads only its slices of `version` from the hub (`layout`: the trainer's
+        ZeRO-3 `ShardedLayout`; None: a whole-tensor version) and applies them in place. Waits for the
+        batch in flight. A failed read on any rank raises and leaves every rank's weights and the
+        engine's version as they were; a failed apply marks the engine broken (as `apply` does)."""
+        from .vllm_tp import TPLoadError, load_slices
+
+        with self._lock:
+            try:
+                ranks = load_slices(self.llm, model, version, layout, digests=digests)
+            except TPLoadError as e:
+                if e.applied:  # some rank's layers were being written: not a whole version
+                    self._broken = f"update to v{version} failed: {e}"
+                raise
+            self._version, self._broken = version, None
+            return ranks
 
     def shutdown(self) -> None:
         """Free the engine (its KV cache and weights)."""

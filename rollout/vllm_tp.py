@@ -31,6 +31,19 @@ from rlsync.hub.reshard import Dest, ShardedLayout, Slice, zero3_layout
 EXTENSION = "rlsync.rollout.vllm_tp.TPSliceLoader"
 """`LLM(worker_extension_cls=EXTENSION)`: adds the `rlsync_*` methods to every vLLM worker."""
 
+APPLY_FAILED = "rlsync TP apply failed"
+"""In a worker's error once it began writing its layers (reads fail before any rank writes)."""
+
+
+class TPLoadError(RuntimeError):
+    """A TP load failed on some rank (the workers return errors: vLLM's engine core dies on a raising
+    worker call). `applied` False: no rank wrote any weight (a failed read); True: some rank's layers
+    were being written, so the engine holds no whole version."""
+
+    def __init__(self, msg: str, applied: bool):
+        super().__init__(msg)
+        self.applied = applied
+
 _ROWS = (".q_proj.", ".k_proj.", ".v_proj.", ".gate_proj.", ".up_proj.")
 _COLS = (".o_proj.", ".down_proj.")
 _VOCAB = ("model.embed_tokens.weight", "lm_head.weight")
@@ -56,14 +69,20 @@ def layout_wire(layout: ShardedLayout) -> tuple[dict, int]:
     return {n: [list(s), dt] for n, (s, dt) in layout.specs().items()}, layout.world
 
 
-def load_slices(llm, model: str, version: int, layout: ShardedLayout, digests: bool = True) -> list[dict[str, Any]]:
-    """Every TP rank reads its slices of (model, `version`: a number, so all ranks read one version)
-    and applies them; returns each rank's {rank, version, nbytes, bytes_by_source, read_s, apply_s,
-    digests (slice name -> sha256 of its bytes, when asked)}."""
+def load_slices(llm, model: str, version: int, layout: ShardedLayout | None,
+                digests: bool = True) -> list[dict[str, Any]]:
+    """Every TP rank reads its slices of (model, `version`: a number, so all ranks read one version;
+    `layout` None: a whole-tensor version) and applies them; returns each rank's {rank, version,
+    nbytes, bytes_by_source, read_s, apply_s, digests (slice name -> sha256 of its bytes, when asked)}."""
     if not isinstance(version, int):
         raise TypeError("load_slices needs a version number (resolve 'latest' once, for every rank)")
-    specs, world = layout_wire(layout)
-    return llm.collective_rpc("rlsync_load_slices", args=(model, version, specs, world, digests))
+    specs, world = layout_wire(layout) if layout is not None else (None, 1)
+    ranks = llm.collective_rpc("rlsync_load_slices", args=(model, version, specs, world, digests))
+    bad = [r for r in ranks if "error" in r]
+    if bad:
+        raise TPLoadError(f"{model} v{version}: " + "; ".join(f"rank {r['rank']}: {r['error']}" for r in bad),
+                          applied=any(r["applied"] for r in bad))
+    return ranks
 
 
 def sha256(t) -> str:
@@ -88,46 +107,94 @@ class TPSliceLoader:
         self._rlsync_plans = {}
         return self._rlsync_hub.worker_id
 
-    def rlsync_load_slices(self, model: str, version: int, specs: dict, world: int,
-                           digests: bool = False) -> dict[str, Any]:
-        from vllm.config import set_current_vllm_config
-        from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+    def _rlsync_read(self, model: str, version: int, specs: dict | None, world: int, rank: int, parts: int):
+        """This rank's slices of one version: from the trainer's ZeRO-3 shards (`specs`: the layout),
+        only the units holding them; of a whole-tensor version (`specs` None), the whole tensors (the
+        hub's partial reads address shards of a sharded layout only), cut here and released at once."""
+        from types import SimpleNamespace
 
         from rlsync.hub.reshard_read import ReshardReader
+        from rlsync.hub.shard import Shard
+
+        if specs is not None:
+            layout = zero3_layout({n: (tuple(int(x) for x in s), str(dt)) for n, (s, dt) in specs.items()}, int(world))
+            readers = self.__dict__.setdefault("_rlsync_readers", {})
+            key = (model, int(world), tuple(sorted(layout.specs().items())))
+            if key not in readers:
+                readers[key] = ReshardReader(self._rlsync_hub, model, layout)
+            return readers[key].read(version, tp_dests(list(layout.specs()), rank, parts))
+        res = self._rlsync_hub.fetch(model, version)
+        try:
+            out = {}
+            for d in tp_dests([s.name for s in res.manifest.tensors], rank, parts):
+                s, t = d.slices[0], res.tensors[d.slices[0].name]
+                out[d.name] = t.clone() if s.dim is None else t.chunk(parts, s.dim)[s.part].contiguous()
+        finally:
+            self._rlsync_hub.release(model, res.version, Shard())  # the whole copy serves nobody after this
+        return SimpleNamespace(version=res.version, tensors=out, bytes_by_source=dict(res.bytes_by_source))
+
+    def rlsync_load_slices(self, model: str, version: int, specs: dict | None, world: int,
+                           digests: bool = False) -> dict[str, Any]:
+        """Read this rank's slices of `version` (every rank in turn), then, only if every rank's read
+        succeeded, apply them in place: a failed read on any rank leaves every rank's weights as they were.
+        Errors come back as {rank, error, applied} (a raising worker call would stop vLLM's engine)."""
+        from vllm.distributed import get_tensor_model_parallel_rank
+
+        try:
+            return self._rlsync_load(model, version, specs, world, digests)
+        except Exception as e:  # noqa: BLE001 - returned to load_slices, which raises TPLoadError
+            return {"rank": get_tensor_model_parallel_rank(), "error": f"{type(e).__name__}: {e}",
+                    "applied": APPLY_FAILED in str(e)}
+
+    def _rlsync_load(self, model: str, version: int, specs: dict | None, world: int, digests: bool) -> dict[str, Any]:
+        import torch
+        import torch.distributed as dist
+        from vllm.config import set_current_vllm_config
+        from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size, get_tp_group
 
         from .vllm_direct import direct_load, plan_direct
         from .vllm_engine import _reset_caches
 
-        from vllm.distributed import get_tp_group
-
         rank, parts = get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
-        layout = zero3_layout({n: (tuple(int(x) for x in s), str(dt)) for n, (s, dt) in specs.items()}, int(world))
-        reader, dests = ReshardReader(self._rlsync_hub, model, layout), tp_dests(list(layout.specs()), rank, parts)
         # One rank reads at a time: the hub advertises a partial reader as a relay while it plans, so
         # ranks reading together were planned on each other and waited 5 s on units the other never
         # fetches (docs/vllm.md); on 2 cores the reads compete for the same cores anyway.
-        group, got, read_s = get_tp_group(), None, 0.0
+        group, got, err, read_s = get_tp_group(), None, None, 0.0
         for turn in range(parts):
             if turn == rank:
                 t0 = time.perf_counter()
-                got = reader.read(version, dests)
+                try:
+                    got = self._rlsync_read(model, version, specs, world, rank, parts)
+                except Exception as e:  # noqa: BLE001 - every rank must reach the vote below
+                    err = e
                 read_s = time.perf_counter() - t0
             group.barrier()
         runner = self.model_runner
         net = runner.get_model()
-        key = tuple((n, tuple(t.shape)) for n, t in got.tensors.items())
-        if key not in self._rlsync_plans:
-            self._rlsync_plans[key] = plan_direct(net, list(key))
-        plan = self._rlsync_plans[key]
-        if plan is None:
-            raise ValueError(f"TP rank {rank}: vLLM's layers are not partitioned as tp_dests assumes "
-                             "(padded vocabulary, replicated KV heads, another architecture): not loaded")
+        plan = None
+        if err is None:
+            key = tuple((n, tuple(t.shape)) for n, t in got.tensors.items())
+            if key not in self._rlsync_plans:
+                self._rlsync_plans[key] = plan_direct(net, list(key))
+            plan = self._rlsync_plans[key]
+            if plan is None:
+                err = ValueError(f"TP rank {rank}: vLLM's layers are not partitioned as tp_dests assumes "
+                                 "(padded vocabulary, replicated KV heads, another architecture): not loaded")
+        failed = torch.tensor([0 if err is None else 1], dtype=torch.int32)
+        dist.all_reduce(failed, group=group.cpu_group)  # every rank applies, or none does
+        if err is not None:
+            raise err
+        if int(failed.item()):
+            raise RuntimeError(f"TP rank {rank}: another rank could not read {model} v{version}; weights unchanged")
         t0 = time.perf_counter()
-        with set_current_vllm_config(self.vllm_config):
-            seen = direct_load(net, plan, iter(got.tensors.items()))
-        _reset_caches(runner)
+        try:
+            with set_current_vllm_config(self.vllm_config):
+                seen = direct_load(net, plan, iter(got.tensors.items()))
+            _reset_caches(runner)
+        except Exception as e:
+            raise RuntimeError(f"{APPLY_FAILED} on rank {rank}: {e}") from e
         if len(seen) != len(got.tensors):
-            raise ValueError(f"TP rank {rank}: loaded {len(seen)} of {len(got.tensors)} slices")
+            raise ValueError(f"{APPLY_FAILED} on rank {rank}: loaded {len(seen)} of {len(got.tensors)} slices")
         return {"rank": rank, "version": got.version, "nbytes": sum(t.nbytes for t in got.tensors.values()),
                 "bytes_by_source": dict(got.bytes_by_source), "read_s": read_s,
                 "apply_s": time.perf_counter() - t0,
