@@ -40,3 +40,16 @@ def test_tp2_ranks_read_their_slices_bit_exact_and_vllm_follows(tmp_path):
     # a read that fails (a version the hub never had) moves nothing: the engine keeps v2 and generates with it
     assert res["failed_read"] == "TPLoadError" and res["version_after_failed_read"] == 2, res
     assert res["gap_after_failed_read"] < 0.1, res
+
+
+def test_tp_engine_refuses_what_it_cannot_split_before_vllm_starts(tmp_path):
+    from rlsync.rollout.model_dir import prepare_smollm2
+    from rlsync.rollout.vllm_engine import TensorParallelError, VllmEngine
+
+    smollm2 = prepare_smollm2()  # 9 heads, 3 KV heads
+    with pytest.raises(TensorParallelError, match="num_attention_heads=9 is not divisible by tensor_parallel_size=2"):
+        VllmEngine(VllmEngine.Config(model_dir=smollm2, tensor_parallel_size=2))
+    with pytest.raises(TensorParallelError, match="apply_mode='layerwise'"):
+        VllmEngine(VllmEngine.Config(model_dir=smollm2, tensor_parallel_size=3, apply_mode="layerwise"))
+    with pytest.raises(TensorParallelError, match=">= 1"):
+        VllmEngine(VllmEngine.Config(model_dir=smollm2, tensor_parallel_size=0))
