@@ -58,6 +58,7 @@ def main(argv=None) -> dict:
     from rlsync.hub.reshard import zero3_layout
     from rlsync.hub.reshard_read import publish_shard
     from rlsync.rollout.vllm_engine import VllmEngine
+    from rlsync.rollout.vllm_rollout import HubFedVllmEngine
     from rlsync.rollout.vllm_tp import sha256 as digest, tp_dests
 
     d = tiny_llama(args.dir)
@@ -84,8 +85,6 @@ def main(argv=None) -> dict:
             live[p.name][:p.length] = v1[p.name].reshape(-1)[p.start:p.start + p.length]
         publish_shard(c, "policy", 1, layout, r, live)
         trainer.append(c)
-    v2 = new_version()  # the next version, published whole (a trainer without ZeRO-3)
-    trainer[0].publish("policy", 2, v2)
     t0 = time.monotonic()
     engine = VllmEngine(VllmEngine.Config(model_dir=d, max_model_len=128, max_new_tokens=8, seed=3,
                                           tensor_parallel_size=2), eos_token_id=2, pad_token_id=0)
@@ -105,14 +104,27 @@ def main(argv=None) -> dict:
         return sum(abs(a - out.logprobs[0, k + i].item()) for i, a in enumerate(ref)) / len(ref)
 
     before = gap(v1)
-    ids = engine.join_hub(hub.address, hub.token, "h0", "engine0")
+    # v1 as an RL rollout worker takes it: the `rollout.engine=vllm` wrapper joins every TP rank to the hub
+    # and `update_latest` has each read its slices of the hub's latest (the trainer's ZeRO-3 layout)
+    ctl = HubClient(hub.address, token=hub.token)
+    ctl.join(Location(host="h0"), name="engine0")
+    fed = HubFedVllmEngine(engine)
+    fed.attach_hub(ctl, "policy", layout=layout)
+    ids = engine.llm.collective_rpc("rlsync_hub_id")
     names = {c.worker_id: f"trainer-rank{i}" for i, c in enumerate(trainer)}
     out = {"start_s": round(start_s, 1), "model_bytes": sum(t.nbytes for t in v1.values()),
            "gap_before": round(before, 4), "versions": []}
     exact = True
-    for version, full, lay in ((1, v1, layout), (2, v2, None)):
+    for version, full, lay in ((1, v1, layout), (2, None, None)):
         t0 = time.monotonic()
-        ranks = engine.load_version("policy", version, lay, digests=True)
+        if version == 1:
+            stats = fed.update_latest()
+            out["rl_sync"] = {"version": stats.version, "nbytes": stats.nbytes, "pause_s": round(stats.pause_s, 3)}
+            ranks = engine.load_version("policy", 1, layout, digests=True)  # held already: digests only
+        else:  # the next version, published whole (a trainer without ZeRO-3), loaded directly
+            v2 = full = new_version()
+            trainer[0].publish("policy", 2, v2)
+            ranks = engine.load_version("policy", version, lay, digests=True)
         row = {"version": version, "published": "zero3" if lay else "whole", "engine_version": engine.version,
                "load_s_both_ranks": round(time.monotonic() - t0, 3), "gap_after": round(gap(full), 4), "ranks": []}
         bufs = engine.llm.collective_rpc("rlsync_buffer_digests")
@@ -141,8 +153,9 @@ def main(argv=None) -> dict:
     out["version_after_failed_read"] = engine.version
     out["gap_after_failed_read"] = round(gap(v2), 4)
     out["exact"] = exact
-    engine.llm.collective_rpc("rlsync_leave")
+    fed.close()
     engine.shutdown()
+    ctl.leave()
     for c in trainer:
         c.leave()
     hub.stop()

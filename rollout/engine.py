@@ -70,9 +70,14 @@ class RolloutEngine:
         """Longest response."""
         do_sample: bool = True
         """False: greedy decoding (log-probs are still of the temperature-scaled policy)."""
+        tensor_parallel_size: int = 1
+        """rollout.engine=vllm only: vLLM TP ranks, each reading only its slices from the hub (docs/vllm.md)."""
 
     def __init__(self, config: "RolloutEngine.Config", model: torch.nn.Module, *, pad_token_id: int,
                  eos_token_id: int):
+        if config.tensor_parallel_size != 1:
+            raise ValueError(f"tensor_parallel_size={config.tensor_parallel_size} needs rollout.engine=vllm "
+                             "(the hf engine runs one process)")
         self.config = config
         self.model = model.eval()
         self.pad_token_id, self.eos_token_id = pad_token_id, eos_token_id

@@ -9,6 +9,10 @@
 
 Unlike the `hf` engine the hub cannot fetch into vLLM's parameters (the CPU backend repacks them),
 so weights go through the `HubWeightStage` (docs/vllm.md); `named_parameters_for_sync` refuses.
+At `tensor_parallel_size` k > 1 (`pools.<name>.engine.tensor_parallel_size`) there is no staging: each
+vLLM TP rank joins the hub and `update_latest` makes every rank read only its slices of the version
+and apply them in place (`VllmEngine.load_version`, rollout/vllm_tp.py); no prefetch, so the read is
+inside the pause (`apply_staged` / `prefetch_latest` do nothing).
 The engine loads its own copy of the model (`model_dir`, default SmolLM2 prepared by
 `rollout.model_dir`); the loader's model, if any, is not used. Each update returns a
 `SyncStats` (fetch_s, apply_s, pause_s) the worker records as an `engine_update` event.
@@ -33,6 +37,8 @@ class HubFedVllmEngine:
     def __init__(self, engine: VllmEngine):
         self.engine = engine
         self.stage: HubWeightStage | None = None
+        self._tp: tuple | None = None
+        """k > 1: (hub client, model, layout) the TP ranks read from."""
 
     @property
     def version(self) -> int:
@@ -45,6 +51,10 @@ class HubFedVllmEngine:
     def attach_hub(self, hub, model: str, follow_s: float = 0.05, layout=None) -> None:
         """Take weights from `hub` (joined); prefetch each new version as it commits. `layout`: the
         trainer publishes ZeRO-3 partitions in this `ShardedLayout` (read whole, docs/resharding.md)."""
+        if self.engine.config.tensor_parallel_size > 1:
+            self.engine.join_hub(hub.address, hub._token, hub.location.host, f"{hub.worker_id}-vllm")
+            self._tp = (hub, model, layout)
+            return
         self.stage = HubWeightStage(hub, self.engine, model, layout=layout)
         self.stage.follow(follow_s)
 
@@ -57,17 +67,19 @@ class HubFedVllmEngine:
 
     def apply_staged(self) -> SyncStats | None:
         """Apply a prefetched newer version, if one is complete in staging."""
-        return self.stage.apply_staged()
+        return None if self._tp else self.stage.apply_staged()
 
     def prefetch_latest(self) -> bool:
         """Start fetching the hub's latest into staging when it is newer than what the engine holds."""
-        return self.stage.poll()
+        return False if self._tp else self.stage.poll()
 
     def update_latest(self) -> SyncStats:
         """The newest version now: wait for a prefetch in flight and apply it if it is the latest,
         else fetch and apply `latest`. The engine has no admissible version meanwhile (the staleness
         bound asked for this one), so waiting for the fetch is `fetch_wait_s`; `pause_s` is the apply
         (with its lock wait and checks), as for a prefetched update."""
+        if self._tp:
+            return self._load_latest()
         t0 = time.monotonic()
         staged = self.stage.wait_staged()
         waited = time.monotonic() - t0
@@ -80,7 +92,27 @@ class HubFedVllmEngine:
         got.fetch_wait_s += waited
         return got
 
+    def _load_latest(self) -> SyncStats:
+        """k > 1: every TP rank reads its slices of the hub's latest and applies them (one call)."""
+        hub, model, layout = self._tp
+        latest = hub.latest(model)
+        if latest is None:
+            raise LookupError(f"the hub has no committed version of {model!r}")
+        if latest <= self.engine.version:
+            return SyncStats(version=self.engine.version, fetch_s=0.0, apply_s=0.0, pause_s=0.0, nbytes=0)
+        t0 = time.monotonic()
+        ranks = self.engine.load_version(model, latest, layout)
+        sources: dict[str, int] = {}
+        for r in ranks:
+            for w, n in r["bytes_by_source"].items():
+                sources[w] = sources.get(w, 0) + n
+        return SyncStats(version=latest, fetch_s=max(r["read_s"] for r in ranks) * len(ranks),
+                         apply_s=max(r["apply_s"] for r in ranks), pause_s=time.monotonic() - t0,
+                         nbytes=sum(r["nbytes"] for r in ranks), bytes_by_source=sources)
+
     def close(self) -> None:
+        if self._tp:
+            self.engine.llm.collective_rpc("rlsync_leave")
         if self.stage is not None:
             self.stage.close()
 
@@ -95,5 +127,6 @@ def build_vllm_engine(sampling: Any, model: Any, *, pad_token_id: int, eos_token
                          f"(got {kind!r}; tiny random-init models use rollout.engine=hf)")
     cfg = VllmEngine.Config(temperature=sampling.temperature, top_p=sampling.top_p,
                             top_k=sampling.top_k, max_new_tokens=sampling.max_new_tokens,
-                            do_sample=sampling.do_sample)
+                            do_sample=sampling.do_sample,
+                            tensor_parallel_size=getattr(sampling, "tensor_parallel_size", 1))
     return HubFedVllmEngine(VllmEngine(cfg, eos_token_id=eos_token_id, pad_token_id=pad_token_id))

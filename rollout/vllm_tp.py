@@ -205,6 +205,9 @@ class TPSliceLoader:
         return {k: sha256(t) for plan in self._rlsync_plans.values() if plan is not None
                 for k, t in plan.buffers.items()}
 
+    def rlsync_hub_id(self) -> str:
+        return self._rlsync_hub.worker_id
+
     def rlsync_leave(self) -> None:
         hub = getattr(self, "_rlsync_hub", None)
         if hub is not None:
