@@ -43,10 +43,8 @@ class DeltaOps:
         ids the hub did not know (it restarted meanwhile: the reader registers those replicas
         itself), the delta versions released]."""
         self.state.touch(wid)
-        vr = self.state.model(model).versions.get(version)
-        m = None if vr is None or not vr.committed else vr.manifests.get(shard.key)
-        if m is None:
-            raise E.VersionNotFoundError(f"{model!r} v{version} {shard.key} is not committed")
+        mr = self.state.model(model)
+        m = self.state.shard_manifest(mr, model, self.state.resolve_version(mr, model, version), shard)
         if self._manifest_bytes.entry(m)[1] != manifest_digest:
             raise E.ManifestMismatchError(f"{model!r} v{version} {shard.key}: manifest digest differs from the committed one")
         self.state.register_replica(wid, model, version, shard, "live", m)
