@@ -128,6 +128,7 @@ class DeltaSync:
         if into is None:
             return self.fetch(model, version, shard=shard)
         _check_tensors(into, "into")
+        self._check_destination(into)
         dest = None if keep_base else into  # where a full fetch lands
         base = self._held_in(model, shard, into)
         if base is None or any(t.device.type != "cpu" for t in into.values()):
@@ -277,8 +278,19 @@ class DeltaSync:
         if any(t.device.type != "cpu" for t in tensors.values()):
             raise E.BufferMismatchError("adopt: host tensors only")
         man = build_manifest(tensors, self.cfg.manifest)
-        self._release_overlapping(tensors)  # these buffers stop being whatever this client had them as
+        rid = ReplicaId(self.worker_id, model, version, shard.key).wire
+        rep = self.store.get(rid) if rid in self._held else None
+        if rep is not None:  # held here already: answered here, and the held replica is left as it is
+            if rep.manifest != man:
+                raise E.ManifestMismatchError(f"adopt: these bytes are not {model!r} v{version} {shard.key}'s "
+                                              "(this worker holds that version: its manifest differs)")
+            if all(rep.tensors[n].data_ptr() == t.data_ptr() for n, t in tensors.items()) and set(rep.tensors) == set(tensors):
+                return
+            raise E.BufferMismatchError(f"adopt: this worker already holds {model!r} v{version} {shard.key} in "
+                                        "other buffers; release it first")
+        # Registered first (the hub checks the bytes are v's): a refusal leaves every replica here as it was.
         self._register_applied(model, version, shard, man, dict(tensors), raise_errors=True)
+        self._release_overlapping(tensors, keep=rid)  # these buffers stop being whatever else they were
 
     def _register_applied(self, model: str, ver: int, shard: Shard, manifest: Manifest,
                           into: dict[str, torch.Tensor], raise_errors: bool = False, done: list | None = None,

@@ -71,6 +71,15 @@ def _overlaps(xs, ys) -> bool:
     return any(a < e and s < b for t in xs if t.numel() for a, b in [_span(t)] for s, e in spans)
 
 
+def _aliased(tensors: dict[str, torch.Tensor]) -> tuple[str, str] | None:
+    """Two names of `tensors` whose memory overlaps (views of one storage), or None. Sorted sweep."""
+    spans = sorted((t.device.type, t.device.index or 0, *_span(t), name) for name, t in tensors.items() if t.numel())
+    for (d0, i0, _, end, a), (d1, i1, start, _, b) in zip(spans, spans[1:]):
+        if (d0, i0) == (d1, i1) and start < end:
+            return a, b
+    return None
+
+
 class Fetching:
     """Fetch (plan, pull, re-plan, finish), already-held fetches, buffer overlap releases."""
 
@@ -97,6 +106,7 @@ class Fetching:
         spec = None
         if into is not None:
             _check_tensors(into, "into")
+            self._check_destination(into)
             spec = [[n, dtype_name(t.dtype), list(t.shape)] for n, t in into.items()]
         dp = self.cfg.dataplane
         measured(self.cfg.transport, dp.streams, dp.zero_copy_send)  # before the plan: its tickets expire soon
@@ -291,10 +301,28 @@ class Fetching:
         except E.HubError as e:
             log.warning("fetch_done(%s) failed: %s", fid, e)
 
-    def _release_overlapping(self, into: dict[str, torch.Tensor]) -> None:
+    def _check_destination(self, into: dict[str, torch.Tensor], what: str = "into") -> None:
+        """Refuse, before anything moves, destination buffers that cannot take a version: two of them
+        sharing memory (one would end up holding the other's bytes, and be served so), or memory of a
+        replica here that cannot be released first (a fetch still receiving into it, an offload seed).
+        A full live replica in those buffers is fine: it is released first (the mutability contract)."""
+        pair = _aliased(into)
+        if pair is not None:
+            raise E.BufferMismatchError(f"{what}: tensors {pair[0]!r} and {pair[1]!r} overlap in memory; each "
+                                        "destination tensor needs bytes of its own")
+        for rep in self.store.all():
+            entry = self._held.get(rep.id)
+            if entry is not None and entry[3] == "live" and rep.complete:
+                continue
+            if _overlaps(getattr(rep, "device_tensors", rep.tensors).values(), into.values()):
+                raise E.BufferMismatchError(f"{what} overlaps the buffers of replica {rep.id}, which this worker is "
+                                            "still receiving or keeps as a seed: use other memory")
+
+    def _release_overlapping(self, into: dict[str, torch.Tensor], keep: str | None = None) -> None:
+        """Release every full live replica held here whose buffers share memory with `into` (but `keep`)."""
         for rid, (_, _, _, slot) in list(self._held.items()):
             rep = self.store.get(rid)
-            if slot != "live" or rep is None:
+            if slot != "live" or rep is None or rid == keep:
                 continue
             if _overlaps(getattr(rep, "device_tensors", rep.tensors).values(), into.values()):
                 self._release(rid)
