@@ -89,7 +89,11 @@ class Fetching:
               _done_later: list | None = None) -> FetchResult:
         """Pull (model, version, shard) from peers per the hub's plan; verify every unit.
 
-        `version` is 'latest' or a committed version number; `group=(name, size)` pins a reader group
+        `version` is 'latest' or a committed version number. 'latest' is the newest committed version
+        some live worker can serve now (`result.version` says which): when every holder of the newest
+        one died, the newest older one that is still held; and when the version a 'latest' fetch was
+        planned for is lost while it is being read, the fetch is planned again for what 'latest' is then.
+        `group=(name, size)` pins a reader group
         (e.g. the TP ranks of one inference engine) to one version across its members. Afterwards
         this worker is a full replica and serves the version to others until it releases it.
         `on_unit(manifest, u)` is called from transfer threads once unit `u` has landed and verified
@@ -99,6 +103,18 @@ class Fetching:
         (fetch id, replica, model, version, shard), for the caller to tell with its next call
         (`fetch_delta`: with the registration of the version it applied, `applied`) or by `_fetch_done`.
         """
+        for attempt in range(3):
+            try:
+                return self._fetch_once(model, version, into, shard, group, on_unit, _plan, _done_later)
+            except E.VersionLostError as e:
+                if not getattr(e, "after_plan", False) or version != "latest" or group is not None \
+                        or _plan is not None or attempt == 2:
+                    raise
+                log.warning("fetch of %r latest: the version it was planned for was lost (%s); planning again", model, e)
+        raise AssertionError("unreachable")
+
+    def _fetch_once(self, model: str, version: int | str, into: dict[str, torch.Tensor] | None, shard: Shard,
+                    group: tuple[str, int] | None, on_unit, _plan: dict | None, _done_later: list | None) -> FetchResult:
         wid = self._need_join()
         _check_coords("fetch", model, version, shard)
         if group is not None:
@@ -172,7 +188,10 @@ class Fetching:
                             errors[0] if errors else "", len(missing))
                 try:
                     try:
-                        sources = self._call("replan", wid=wid, fetch_id=fid, failed=failed, units=missing)["sources"]
+                        # Sources whose port refused us are dead (not stalled): the hub drops them at once.
+                        gone = [r for r, e in zip(failed, errors) if isinstance(e, E.SourceGoneError)]
+                        sources = self._call("replan", wid=wid, fetch_id=fid, failed=failed, units=missing,
+                                             **({"gone": gone} if gone else {}))["sources"]
                     except E.UnknownFetchError:
                         # The hub restarted (or expired us) since it planned this fetch: plan it anew. The
                         # units already here stay; only missing ones are pulled (from whoever holds them now).
@@ -243,6 +262,7 @@ class Fetching:
         """Pull every source's units in parallel; returns (failed replica ids, errors)."""
         failed: list[str] = []
         errors: list[BaseException] = []
+        report = threading.Lock()
 
         def pull(src: dict) -> None:
             units = [u for u in src["units"] if not dest.present[u]]
@@ -263,8 +283,9 @@ class Fetching:
                 read_from_source(transport, src["endpoint"], src["ticket"], src["replica"], units, dest,
                                  dp.io_timeout_s, on_unit=landed, streams=streams, reader=self._reader_key)
             except BaseException as e:  # noqa: BLE001 - reported to the caller's thread
-                failed.append(src["replica"])
-                errors.append(e)
+                with report:  # failed[i] is the source of errors[i]
+                    failed.append(src["replica"])
+                    errors.append(e)
 
         threads = [threading.Thread(target=pull, args=(s,), daemon=True) for s in sources[1:]]
         for t in threads:
@@ -284,7 +305,9 @@ class Fetching:
         if not dest.wait_drained(self.cfg.dataplane.io_timeout_s):
             log.warning("aborted fetch %s: a downstream read did not finish within %.0fs", fid,
                         self.cfg.dataplane.io_timeout_s)
-        raise err if isinstance(err, E.HubError) else E.TransferError(f"fetch failed: {err}")
+        err = err if isinstance(err, E.HubError) else E.TransferError(f"fetch failed: {err}")
+        err.after_plan = True  # the version was resolved and planned: a 'latest' fetch may resolve it again
+        raise err
 
     def _fetch_done(self, fid: str, ok: bool, rep: LocalReplica | None = None, model: str = "",
                     version: int = 0, shard: Shard = Shard()) -> None:

@@ -189,6 +189,8 @@ def _read_stream(transport: Transport, endpoint: dict, ticket: bytes, replica_id
     nbytes = 0
     try:
         conn = socket.create_connection((host, int(port)), timeout=io_timeout_s)
+    except ConnectionRefusedError:
+        raise E.SourceGoneError(f"source {endpoint['tcp']} refused the connection: nobody listens there") from None
     except OSError as e:
         raise E.TransferError(f"cannot reach data plane at {endpoint['tcp']}: {e}") from None
     try:
@@ -225,8 +227,28 @@ def _read_stream(transport: Transport, endpoint: dict, ticket: bytes, replica_id
     except (socket.timeout, TimeoutError):
         raise E.TransferError(f"source {endpoint['tcp']} stalled for {io_timeout_s}s") from None
     except (ConnectionError, OSError) as e:
+        if refuses(host, port, tries=4):  # the connection broke and nobody listens there now: the source died
+            raise E.SourceGoneError(f"source {endpoint['tcp']} died mid-transfer ({e}); its port now refuses "
+                                    "connections") from None
         raise E.TransferError(f"source {endpoint['tcp']} failed mid-transfer: {e}") from None
     finally:
         transport.close()
         conn.close()
     return nbytes
+
+
+def refuses(host: str, port: str | int, timeout_s: float = 1.0, tries: int = 1, gap_s: float = 0.05) -> bool:
+    """Does `host:port` refuse a connection (nobody listens: proof the server is gone)? A timeout or
+    any other error is not proof (a stalled or unreachable peer). `tries` > 1 asks again `gap_s` apart:
+    a process being killed closes its connections and its listener one after the other."""
+    for i in range(tries):
+        if i:
+            time.sleep(gap_s * i)
+        try:
+            with socket.create_connection((host, int(port)), timeout=timeout_s):
+                pass
+        except ConnectionRefusedError:
+            return True
+        except OSError:
+            return False
+    return False

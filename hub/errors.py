@@ -49,6 +49,13 @@ class VersionLostError(HubError):
     code = "version_lost"
 
 
+class HolderWaitTimeoutError(VersionLostError):
+    """A fetch or re-plan that the hub held back while it waited for a holder of the version to be heard
+    from again (a stalled source, re-registrations after a restart) ran out of the caller's time."""
+
+    code = "holder_wait_timeout"
+
+
 class ManifestMismatchError(HubError):
     """A shard's manifest disagrees with another shard of the same version, or with itself."""
 
@@ -135,6 +142,14 @@ class DeltaError(TransferError):
     decoding to bytes whose checksum is not the target version's. The reader's held version is intact."""
 
     code = "delta"
+
+
+class SourceGoneError(TransferError):
+    """A source's data port refused the connection: nobody listens there any more (its worker died or
+    left). Proof of death, unlike a stall: the reader tells the hub, which routes nothing to that
+    worker from then on (a worker that is in fact alive re-joins at its next heartbeat)."""
+
+    code = "source_gone"
 
 
 class TransportUnavailableError(HubError):

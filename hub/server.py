@@ -257,9 +257,9 @@ class HubServer(DeltaOps):
         plan = self.state.plan_fetch(wid, model, version, shard, group, into_spec)
         return self._plan_reply(ident, rid, wid, plan, t0, have_manifests)
 
-    def op_replan(self, ident, rid, wid: str, fetch_id: str, failed: list, units: list):
+    def op_replan(self, ident, rid, wid: str, fetch_id: str, failed: list, units: list, gone: list = ()):
         t0 = time.perf_counter()  # the reader has the manifest since its fetch: a re-plan never resends it
-        return self._plan_reply(ident, rid, wid, self.state.replan(wid, fetch_id, failed, units), t0,
+        return self._plan_reply(ident, rid, wid, self.state.replan(wid, fetch_id, failed, units, gone), t0,
                                 with_manifest=False)
 
     def _plan_reply(self, ident, rid, wid: str, plan, t0: float, have: frozenset | None = None,

@@ -53,6 +53,10 @@ class Fetches:
             # timeout). The old plan was never used; it is replaced below.
         srcs = self._nearest_sources(reader, model, ver, shard.key, stale)
         if not srcs:
+            older = self._held_below(m, ver, shard.key) if version == "latest" and pin is None else None
+            if older is not None:  # 'latest' is the newest version someone can serve now
+                log.warning("%r v%d has no live holder: 'latest' for %s is v%d", model, ver, wid, older)
+                return self.plan_fetch(wid, model, older, shard, None, into_spec)
             if self.is_retained(model, ver):
                 raise E.VersionLostError(f"{model!r} v{ver} {shard.key}: no replica can serve it "
                                          "(every holder died without notice or is releasing)")
@@ -74,6 +78,14 @@ class Fetches:
                     [(self.replicas[rid], self.workers[self.replicas[rid].worker], units)
                      for rid, units in assignment.items()])
 
+
+    def _held_below(self, m, ver: int, shard_key: str) -> int | None:
+        """The newest committed version below `ver` of which a live worker holds a full replica."""
+        for v in reversed(m.committed):
+            if v < ver and any(r.full and r.worker in self.workers and not r.releasing
+                               for r in self.replicas_of(m.name, v, shard_key)):
+                return v
+        return None
 
     def _pin(self, m, gname: str, pin: Pin, shard_key: str) -> None:
         """A reader group's member is answered: the group stays on `pin`'s version until all are."""
@@ -206,8 +218,12 @@ class Fetches:
             frontier = nxt
         return down
 
-    def replan(self, wid: str, fid: str, failed: list[str], units: list[int]) -> Plan:
-        """A reader's sources `failed` (dead or stalled): mark them suspect, plan `units` elsewhere."""
+    def replan(self, wid: str, fid: str, failed: list[str], units: list[int], gone=()) -> Plan:
+        """A reader's sources `failed` (dead or stalled): mark them suspect, plan `units` elsewhere.
+
+        `gone`: those of `failed` whose data port refused the reader (nobody listens there: the worker
+        died). Their workers are dropped now, as an expiry would drop them a worker_timeout_s later; one
+        that is alive after all re-joins at its next heartbeat and re-registers what it holds."""
         reader = self.touch(wid)
         f = self.fetches.get(fid)
         if f is None or f.reader != wid:
@@ -215,6 +231,12 @@ class Fetches:
         manifest = self.models[f.model].versions[f.version].manifests[f.shard]
         if any(not isinstance(u, int) or not 0 <= u < len(manifest.units) for u in units):
             raise E.ProtocolError("replan: unit ids out of range")
+        dead = sorted({r.worker for rid in gone if rid in failed and (r := self.replicas.get(rid)) is not None
+                       and r.worker != wid and r.worker in self.workers})
+        for w in dead:
+            log.warning("worker %s (%s) dropped: its data port refused reader %s (the process is gone)",
+                        w, self.workers[w].name, wid)
+            self.remove_worker(w)
         now = self.clock()
         for rid in failed:
             if rid in self.replicas and rid not in f.failed_at:

@@ -184,7 +184,7 @@ SPECS: dict[str, dict[str, tuple[Callable, bool]]] = {  # op -> argument -> (che
               "into_spec": (_optional(_into_spec), False),
               "have_manifests": (_optional(_digests), False)},
     "replan": {"wid": (_WID, True), "fetch_id": (_str, True), "failed": (_list(_str), True),
-               "units": (_list(_int(0, 2**32)), True)},
+               "units": (_list(_int(0, 2**32)), True), "gone": (_list(_str), False)},
     "delta_choose": {"wid": (_WID, True), "model": (_model, True), "version": (_version_or_latest, True),
                      "shard": (_shard, True), "base": (_int(), True), "into_spec": (_optional(_into_spec), False),
                      "explain": (_bool, False)},

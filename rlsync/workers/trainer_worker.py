@@ -119,7 +119,9 @@ class TrainerWorker:
                 got.update(version=latest, bytes_by_source={self.hub.worker_id: _nbytes(into)},
                            seconds=time.perf_counter() - t, digest=weights_digest(into))
                 return latest
-            r = self.hub.fetch(name, "latest", into=into)
+            # The committed latest by number: 'latest' would fall back to an older held version if
+            # every holder of the newest died, and a trainer must not silently step back.
+            r = self.hub.fetch(name, latest if latest is not None else "latest", into=into)
             got.update(version=r.version, bytes_by_source=dict(r.bytes_by_source), seconds=r.seconds,
                        digest=weights_digest(into))
             self.hub.release(name, r.version)  # never written while a replica: give it back first

@@ -13,7 +13,7 @@ from rlsync.hub import errors as E
 from rlsync.hub.dataplane import DataPlaneConfig
 from rlsync.hub.demo import start_hub_process
 from rlsync.hub.planner import PlannerConfig
-from rlsync.hub.procs import WorkerError, WorkerProcess, close_all
+from rlsync.hub.procs import WorkerError, WorkerProcess, close_all, digest
 from rlsync.hub.server import start_embedded_hub
 from rlsync.hub.state import HubConfig
 
@@ -89,14 +89,14 @@ def test_stalled_source_past_deadline_is_replanned(procs, wait_until):
         assert any(f.endswith(":live") for f in hub.server.state.suspects)
 
 
-def test_sole_holder_killed_without_notice_version_lost_never_stale(tmp_path, procs, wait_until):
+def test_sole_holder_killed_without_notice_version_lost_never_torn(tmp_path, procs, wait_until):
     proc, address, token = start_hub_process(str(tmp_path), worker_timeout_s=2.0, reregister_grace_s=1.0)
     try:
         trainer = procs(address, token, "trainer")
         old = procs(address, token, "old-reader")
         trainer.join(host="t")
         old.join(host="o")
-        trainer.call("publish", model="policy", version=1, size_mb=2, seed=1)
+        v1 = trainer.call("publish", model="policy", version=1, size_mb=2, seed=1)
         old.call("fetch", model="policy")
         trainer.call("publish", model="policy", version=2, size_mb=2, seed=2, buf="v2")
         trainer.kill()  # the only holder of v2 dies with no notice
@@ -104,9 +104,10 @@ def test_sole_holder_killed_without_notice_version_lost_never_stale(tmp_path, pr
         reader.join(Location(host="r"))
         wait_until(lambda: reader.stats()["workers"] == 2, what="the hub expiring the trainer")  # old-reader, reader
         with pytest.raises(E.VersionLostError):
-            reader.fetch("policy")           # latest is v2: lost (after the 1 s grace for the trainer to
-            #                                  come back), and v1 is never served instead
-        assert reader.fetch("policy", 1).version == 1   # v1 still has a live replica
+            reader.fetch("policy", 2)        # v2 is lost (after the 1 s grace for the trainer to come back)
+        # 'latest' is the newest version someone can serve (issue 30): v1, labelled v1, v1's bytes
+        got = reader.fetch("policy")
+        assert got.version == 1 and digest(got.tensors) == v1["digest"]
         reader.leave()
     finally:
         proc.kill()

@@ -196,3 +196,27 @@ def test_killing_dc1s_hub_leaves_dc0_training_and_dc1_catches_up(fed, wait_until
     assert list(rep) == sorted(rep)
     assert all(r["cross_bytes"] == r["nbytes"] for r in rep.values())
 
+
+
+def test_killing_the_gateway_dc1s_sole_holder_a_latest_read_there_succeeds_within_2s(fed, wait_until):
+    """Issue 30 item 4: the gateway is the only holder of v2 inside dc1. Killed (-9), its port refuses:
+    dc1's hub drops it on the first reader's report (not 15-20 s later at its expiry), and a `latest`
+    read in dc1 gets the newest version dc1 still holds."""
+    import time
+
+    trainer = fed.worker("dc0", "trainer")
+    early, late = fed.worker("dc1", "early"), fed.worker("dc1", "late")
+    p1 = trainer.call("publish", model="policy", version=1, size_mb=4, seed=1, buf="v1")
+    wait_until(lambda: 1 in fed.replicated(), 60, "the gateway committing v1 in dc1")
+    assert early.call("fetch", model="policy", version="latest")["digest"] == p1["digest"]
+    trainer.call("release", model="policy", version=1)
+    trainer.call("publish", model="policy", version=2, size_mb=4, seed=2, buf="v2")
+    wait_until(lambda: 2 in fed.replicated(), 60, "the gateway committing v2 in dc1")
+    fed.gateway.kill()
+    fed.gateway.wait()
+    t0 = time.monotonic()
+    got = late.call("fetch", model="policy", version="latest")
+    kill_to_read = time.monotonic() - t0
+    assert got["version"] == 1 and got["digest"] == p1["digest"]
+    assert set(got["bytes_by_source"]) == {early.wid}
+    assert kill_to_read < 2.0, kill_to_read
