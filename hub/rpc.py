@@ -6,7 +6,7 @@ a ROUTER socket gives exactly that (reply to any peer at any time) with no frami
 msgpack carries bytes (tickets, manifests) without base64. gRPC would bring codegen and a thread
 pool for a dozen small messages.
 
-Request:  {"id": int, "op": str, "token": str, "args": {...}}
+Request:  {"id": int, "op": str, "token": str, "args": {...}, "wait_s": float (this try's time)}
 Reply:    {"id": int, "ok": True, "result": ...} | {"id": int, "ok": False, "error": [code, message]}
 """
 from __future__ import annotations
@@ -81,6 +81,7 @@ class RpcChannel:
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._sock = None
+        self._try_s = timeout_s
         self.answered = False
         """Whether the hub at `address` ever answered this channel."""
         self.retried = False
@@ -118,8 +119,11 @@ class RpcChannel:
         self.retried = False
         while True:
             left = deadline - time.monotonic()
-            try:  # the first try always gets its full attempt time; later ones what the deadline leaves
-                return self._call_once(op, attempt if not self.retried else min(attempt, max(0.05, left)), args)
+            # The first try gets its full attempt time while no hub ever answered here, or with no retry
+            # deadline (one try); otherwise every try gets at most what the deadline leaves.
+            bounded = self.retried or (self.answered and deadline > t0)
+            try:
+                return self._call_once(op, min(attempt, max(0.05, left)) if bounded else attempt, args)
             except HubUnavailableError as e:
                 if not self.answered:
                     raise HubUnavailableError(f"no hub answered at {self.address} within {attempt:.1f}s "
@@ -149,6 +153,7 @@ class RpcChannel:
                     sock.close(0)
 
     def _exchange(self, sock, mon, op: str, timeout: float, args: dict):
+        self._try_s = timeout
         rid = next(self._ids)
         self._send(sock, rid, op, args)
         poller = zmq.Poller()
@@ -188,7 +193,9 @@ class RpcChannel:
         peer (another ZeroMQ service that took the hub's port during an outage). Such a socket is
         dropped and the try fails; the retry makes a new one (tests/hub/test_port_squatter.py)."""
         try:
-            sock.send_multipart([b"", pack({"id": rid, "op": op, "token": self.token, "args": args})], zmq.NOBLOCK)
+            # wait_s: this try's time; the hub answers a request it parks (waiting for a holder) before it
+            sock.send_multipart([b"", pack({"id": rid, "op": op, "token": self.token, "args": args,
+                                            "wait_s": self._try_s})], zmq.NOBLOCK)
         except zmq.Again:
             self._sock = None  # the caller closes it
             raise HubUnavailableError(f"no connection to the hub at {self.address} to send {op!r} on") from None

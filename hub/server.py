@@ -64,7 +64,7 @@ class HubServer(DeltaOps):
         # A restart: replica locations are soft state the workers re-register within a heartbeat or
         # two. Until then "no holder" is not an answer: such fetches wait (parked) for them.
         self._grace_until = time.monotonic() + self.cfg.reregister_grace_s if restored else 0.0
-        self._parked: list[tuple[bytes, object, str, dict]] = []
+        self._parked: list[tuple[bytes, object, str, dict, tuple[float, float]]] = []
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -169,17 +169,23 @@ class HubServer(DeltaOps):
             log.exception("hub: internal error")
             self._reply(ident, rid, False, ["hub_error", f"internal error: {type(e).__name__}: {e}"])
             return
-        self._run(ident, rid, getattr(self, f"op_{op}"), op, args)
+        self._run(ident, rid, getattr(self, f"op_{op}"), op, args, park_until(msg.get("wait_s")))
 
-    def _run(self, ident: bytes, rid, handler, op: str, args: dict) -> None:
+    def _run(self, ident: bytes, rid, handler, op: str, args: dict, until: tuple[float, float]) -> None:
+        """`until`: (since, deadline) of a request that may be parked: answered by the deadline, which
+        leaves the caller's try time to hear the answer (`park_until`)."""
         try:
             try:
                 result = handler(ident, rid, **args)
             except (E.VersionLostError, E.VersionNotRetainedError) as e:
                 silent = isinstance(e, HolderSilentError)  # a stalled source may be back within a heartbeat
-                if not silent and (op not in ("fetch", "replan") or time.monotonic() >= self._grace_until):
+                now = time.monotonic()
+                if not silent and (op not in ("fetch", "replan") or now >= self._grace_until):
                     raise
-                self._parked.append((ident, rid, op, args))  # answered when a holder re-registers
+                if now >= until[1]:
+                    raise E.HolderWaitTimeoutError(f"{op}: waited {now - until[0]:.1f}s for a holder to be heard "
+                                                   f"from, the caller's time for one try: {e}") from None
+                self._parked.append((ident, rid, op, args, until))  # answered when a holder re-registers
                 return
             if result is not _DEFERRED:
                 self._reply(ident, rid, True, result)
@@ -207,8 +213,8 @@ class HubServer(DeltaOps):
         if not self._parked:
             return
         parked, self._parked = self._parked, []
-        for ident, rid, op, args in parked:
-            self._run(ident, rid, getattr(self, f"op_{op}"), op, args)
+        for ident, rid, op, args, until in parked:
+            self._run(ident, rid, getattr(self, f"op_{op}"), op, args, until)
 
     def _flush_releases(self) -> None:
         for rep, outcome in self.state.poll_releases().items():
@@ -346,6 +352,15 @@ class EmbeddedHub:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+def park_until(wait_s) -> tuple[float, float]:
+    """(now, the time by which a parked request must be answered): 80% of the try time the client sent
+    (`wait_s`), so the answer reaches it before it gives the try up; a client that sent none waits on."""
+    now = time.monotonic()
+    if isinstance(wait_s, (int, float)) and not isinstance(wait_s, bool) and 0 < wait_s < 1e6:
+        return now, now + 0.8 * wait_s
+    return now, float("inf")
 
 
 def start_embedded_hub(*, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
