@@ -92,6 +92,9 @@ class HubClient(Session, Publishing, Fetching, DeltaSync):
         self._pub_pool: ThreadPoolExecutor | None = None
         self._delta_snap: dict = {}  # (model, shard key) -> the publisher's copy of its last version (client_delta.py)
         self._delta_scratch: dict = {}  # (model, shard key) -> a reader's decode buffer, reused (client_delta.py)
+        self._copies: dict = {}
+        """(model, shard key) -> (version, manifest, data pointers) of the last private copy a fetch of a
+        version already held made into other buffers: `fetch_delta` into them starts from it."""
         self._reader_key = ReaderKey()  # proves to sources that this client is its tickets' reader
 
     # ------------------------------------------------------------------ queries

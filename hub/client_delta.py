@@ -63,6 +63,11 @@ class DeltaSync:
         wid = self._need_join()
         _check_coords("publish", model, version, shard)
         _check_tensors(tensors, "tensors")
+        _check_keep("publish_delta", keep)
+        snap = self._delta_snap.get((model, shard.key))
+        if snap is not None and version <= snap.version:
+            raise E.VersionError(f"publish_delta: {model!r} v{version} is not after v{snap.version}, the last "
+                                 "version this client encoded from (versions only grow)")
         rep = self.store.get(ReplicaId(wid, model, version, shard.key).wire)
         if rep is not None and rep.complete:
             if [rep.tensors[s.name].data_ptr() for s in rep.manifest.tensors] != \
@@ -73,7 +78,6 @@ class DeltaSync:
             man = build_manifest(tensors, self.cfg.manifest)
             views = [byte_view(tensors[s.name]) for s in man.tensors]
         key = (model, shard.key)
-        snap = self._delta_snap.get(key)
         out = {"base": None, "delta_bytes": 0, "full_bytes": man.nbytes, "encode_s": 0.0, "copy_s": 0.0}
         if snap is not None and snap.version < version and snap.manifest.layout_key() == man.layout_key():
             t0 = time.monotonic()
@@ -106,6 +110,7 @@ class DeltaSync:
         ManifestMismatchError). Publish it before v, as `publish_delta`. Returns its bytes."""
         self._need_join()
         _check_tensors(delta, "delta")
+        _check_keep("publish_fetched_delta", keep)
         self.publish(delta_model(model), version, delta, shard)
         self._drop_old_deltas(model, shard, self._old_deltas(model, shard, version, keep))
         return sum(t.nbytes for t in delta.values())
@@ -125,6 +130,7 @@ class DeltaSync:
         holds the chain's delta objects {version: tensors} (the gateway publishes them in its DC)."""
         wid = self._need_join()
         _check_coords("fetch", model, version, shard)
+        _check_keep("fetch_delta", keep)
         if into is None:
             return self.fetch(model, version, shard=shard)
         _check_tensors(into, "into")
@@ -201,13 +207,18 @@ class DeltaSync:
 
     # ------------------------------------------------------------------ helpers
     def _held_in(self, model: str, shard: Shard, into: dict[str, torch.Tensor]):
-        """The full replica of `model` this client holds in exactly the `into` buffers, if any."""
+        """The version of `model` held in exactly the `into` buffers, if any: a full replica of this
+        client, or the private copy a fetch of a version already held made there (`_copies`), if its
+        bytes are still that version's (checked: the caller may have written them since)."""
         for rid, (m, v, s, slot) in list(self._held.items()):
             rep = self.store.get(rid)
             if m != model or s.key != shard.key or slot != "live" or rep is None or not rep.complete:
                 continue
             if set(rep.tensors) == set(into) and all(rep.tensors[n].data_ptr() == into[n].data_ptr() for n in into):
                 return _Held(v, rep)
+        copy = self._copies.pop((model, shard.key), None)
+        if copy is not None and copy[2] == {n: t.data_ptr() for n, t in into.items()} and not copy[1].verify(into):
+            return _Held(copy[0], LocalReplica(f"copy:{model}:{copy[0]}", copy[1], dict(into), full=True))
         return None
 
     def _pull_chain(self, model: str, shard: Shard, base: int, chain: list[int], plan: dict | None = None,
@@ -346,6 +357,11 @@ class DeltaSync:
                 self.release(dm, v, shard)
             except E.HubError as e:
                 log.warning("releasing old delta %s v%d: %s", dm, v, e)
+
+
+def _check_keep(op: str, keep) -> None:
+    if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
+        raise E.InvalidArgumentError(f"{op}: keep must be an int >= 1 (delta objects kept), got {keep!r}")
 
 
 def _target_manifest(held: Manifest, last: list, digest: str) -> Manifest:

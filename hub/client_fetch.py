@@ -245,6 +245,8 @@ class Fetching:
                 self._release_overlapping(into)
                 for name, t in into.items():
                     t.copy_(held[name])
+                # not a replica (one per version per worker), but `fetch_delta` may start from it
+                self._copies[(model, shard.key)] = (ver, rep.manifest, {n: t.data_ptr() for n, t in into.items()})
             out = dict(into)
         return FetchResult(ver, out, {}, {}, time.monotonic() - t0, 0, rep.manifest)
 

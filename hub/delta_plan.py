@@ -38,6 +38,11 @@ def is_delta_model(model: str) -> bool:
     return model.endswith(SUFFIX)
 
 
+def base_model(dm: str) -> str:
+    """The model a delta model's objects are deltas of (`policy@delta` -> `policy`)."""
+    return dm[:-len(SUFFIX)]
+
+
 def tensor_name(base: int, unit: int) -> str:
     return f"base{base}.u{unit}"
 

@@ -9,7 +9,7 @@ import logging
 
 from . import errors as E
 from . import retention
-from .delta_plan import delta_base, is_delta_model
+from .delta_plan import base_model, delta_base, delta_model, is_delta_model
 from .manifest import Manifest
 from .replica_id import ReplicaId
 from .shard import Shard
@@ -30,17 +30,21 @@ class Versions:
         if m is not None and m.latest is not None and version <= m.latest:
             raise E.VersionError(f"{model!r} version {version} <= latest committed {m.latest}: "
                                  "versions are immutable and strictly increasing")
-        if is_delta_model(model):
-            delta_base(manifest)  # a delta object names its base (ManifestMismatchError if not)
+        delta = is_delta_model(model)
+        if delta:
+            self._check_delta(wid, model, version, shard, delta_base(manifest))
         v = m.versions.get(version) if m else None
         rid = ReplicaId(wid, model, version, shard.key).wire
         if rid in self.replicas:
             raise E.VersionError(f"{model!r} v{version} {shard.key} already published by this worker")
+        replaced: list[str] = []  # a pending delta of this shard by another worker, replaced by this one
         if v is not None:
             if v.group != shard.group:
                 raise E.ShardError(f"{model!r} v{version} has group tp×pp={v.group}; this shard says {shard.group}")
             same = v.manifests.get(shard.key)
-            if same is not None and same != manifest:
+            if delta and same is not None and same != manifest and not v.committed:
+                replaced = [r.id for r in self.replicas_of(model, version, shard.key) if r.worker != wid]
+            if same is not None and same != manifest and not replaced:
                 raise E.ManifestMismatchError(
                     f"{model!r} v{version} {shard.key} was published with a different manifest "
                     "(other bytes or layout): a version is immutable")
@@ -52,8 +56,11 @@ class Versions:
                         raise E.ManifestMismatchError(
                             f"{model!r} v{version}: shard {shard.key}'s tensors (names/dtypes) disagree "
                             f"with shard {key} of the same pipeline stage")
-        commits = (v is None and shard.group_count == 1) or (
-            v is not None and shard.key not in v.manifests and len(v.manifests) + 1 == shard.group_count)
+        others = set(v.manifests) - {shard.key} if v is not None else set()
+        commits = len(others) + 1 == shard.group_count and (v is None or shard.key not in v.manifests or replaced)
+        if delta and commits:  # a delta becomes visible with the version it leads to, never before it
+            x = self.models[base_model(model)].versions.get(version)
+            commits = x is not None and x.committed
         if commits and self.commit_hook is not None:
             manifests = dict(v.manifests) if v else {}
             manifests[shard.key] = manifest
@@ -63,17 +70,67 @@ class Versions:
             m = self.models[model] = ModelRec(model)
         if v is None:
             v = m.versions[version] = VersionRec(version, shard.group)
+        for other in replaced:
+            log.warning("%s v%d %s: a pending delta by %s is replaced by %s's", model, version, shard.key,
+                        self.replicas[other].worker, wid)
+            del self.replicas[other]
         v.manifests[shard.key] = manifest
         self.replicas[rid] = ReplicaRec(rid, wid, model, version, shard.key, "live", True, origin=True)
         if commits:
-            v.committed = True
-            m.committed.append(version)
-            m.committed.sort()
-            self._release_events.model(model)  # older versions may leave retention
-            log.info("committed %s v%d (%d shard%s)", model, version, shard.group_count,
-                     "s" if shard.group_count > 1 else "")
-            self._forget_old(m)
+            self._mark_committed(m, v)
+            if not delta:
+                self._commit_pending_delta(model, version)
         return commits
+
+    def _mark_committed(self, m: ModelRec, v) -> None:
+        v.committed = True
+        m.committed.append(v.version)
+        m.committed.sort()
+        self._release_events.model(m.name)  # older versions may leave retention
+        log.info("committed %s v%d (%d shard%s)", m.name, v.version, v.group[0] * v.group[1],
+                 "s" if v.group != (1, 1) else "")
+        self._forget_old(m)
+
+    def _check_delta(self, wid: str, dm: str, version: int, shard: Shard, base: int) -> None:
+        """A delta object (v_base -> v) of model X is published by X v's publisher: before X v (the
+        version about to be published: v > X's latest) or after it (this worker published X v's
+        shard). Its base is a committed version of X below v. Typed refusals, nothing changed."""
+        x = self.models.get(base_model(dm))
+        xb = x.versions.get(base) if x is not None else None
+        if xb is None or not xb.committed or base >= version:
+            raise E.VersionNotFoundError(f"{dm!r} v{version}: its base {base_model(dm)!r} v{base} is not a "
+                                         "committed version below it")
+        if x.latest is not None and version <= x.latest:
+            own = self.replicas.get(ReplicaId(wid, base_model(dm), version, shard.key).wire)
+            if own is None or not own.origin:
+                raise E.VersionError(f"{dm!r} v{version}: {base_model(dm)!r} is at v{x.latest}; a delta is "
+                                     f"published for the version about to be published, or by v{version}'s publisher")
+
+    def _commit_pending_delta(self, model: str, version: int) -> None:
+        """X v just committed: its delta object, published before it, commits now — only the shards that
+        X v's own publishers published (a delta by anyone else leads to other bytes: dropped)."""
+        dm = self.models.get(delta_model(model))
+        dv = dm.versions.get(version) if dm is not None else None
+        if dv is None or dv.committed:
+            return
+        for key in list(dv.manifests):
+            mine = {r.worker for r in self.replicas_of(model, version, key) if r.origin}
+            for r in self.replicas_of(dm.name, version, key):
+                if r.worker not in mine:
+                    log.warning("%s v%d %s: dropped a delta by %s, who did not publish %s v%d", dm.name, version,
+                                key, r.worker, model, version)
+                    del self.replicas[r.id]
+            if not self.replicas_of(dm.name, version, key):
+                del dv.manifests[key]
+        if len(dv.manifests) != dv.group[0] * dv.group[1]:
+            return
+        if self.commit_hook is not None:
+            try:
+                self.commit_hook(dm.name, version, dv.group, {k: x.to_wire() for k, x in dv.manifests.items()})
+            except Exception as e:  # noqa: BLE001 - the version committed; its delta is optional
+                log.warning("%s v%d: journaling its delta failed (%s): readers take it in full", dm.name, version, e)
+                return
+        self._mark_committed(dm, dv)
 
     def _forget_old(self, m: ModelRec) -> None:
         below = retention.forget_below(m.latest, self.cfg.retention.retain_last)
