@@ -30,6 +30,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .private_files import make_private_dirs, open_private, write_private_atomic
+
 log = logging.getLogger(__name__)
 
 SAME_HOST, REMOTE = "same_host", "remote"
@@ -202,16 +204,14 @@ def load_or_calibrate(refresh: bool = False) -> Calibration:
         from .engine_build import warn_if_stale
         warn_if_stale()
         d = cache_dir()
-        d.mkdir(parents=True, exist_ok=True)
+        make_private_dirs(d)  # 0700 and 0600 below, whatever the umask: this user's files only
         path = d / f"{host_key()}-f{FORMAT}.json"  # per format: processes of older code keep their own file
-        with open(d / f"{host_key()}.lock", "w") as lk:
+        with open_private(d / f"{host_key()}.lock", "a") as lk:
             fcntl.flock(lk, fcntl.LOCK_EX)
             cal = None if refresh else _read(path)
             if cal is None:
                 cal = calibrate()
-                tmp = path.with_suffix(f".tmp{os.getpid()}")
-                tmp.write_text(json.dumps(cal.to_json(), indent=1))
-                os.replace(tmp, path)
+                write_private_atomic(path, json.dumps(cal.to_json(), indent=1))
         _loaded = cal
         return cal
 

@@ -49,6 +49,7 @@ from .client import ClientConfig, FetchResult, HubClient
 from .location import Location
 from .manifest import build_manifest
 from .shard import Shard
+from .wire_args import check_value
 
 log = logging.getLogger("rlsync.hub.federation")
 
@@ -66,6 +67,23 @@ class GatewayConfig:
     deltas: bool = True
     """Holding v-1, bring v across as its delta when the home hub says so (`fetch_delta`), and publish
     that delta in this DC before v, so this DC's readers holding v-1 fetch it from here (docs/deltas.md)."""
+
+    def __post_init__(self) -> None:
+        # Refused here, typed: a model the hub refuses would be warned about once per poll forever,
+        # and a poll period <= 0 spins the gateway's thread.
+        if not self.models:
+            raise E.InvalidArgumentError("GatewayConfig.models must name at least one model")
+        for m in self.models:
+            try:
+                check_value("latest", "model", m)
+            except E.InvalidArgumentError as e:
+                raise E.InvalidArgumentError(f"GatewayConfig.models: {str(e).removeprefix('latest: ')}") from None
+        if len(self.group) != 2 or not all(type(x) is int and x >= 1 for x in self.group):
+            raise E.InvalidArgumentError(f"GatewayConfig.group must be (tp_size, pp_size) >= 1, got {self.group!r}")
+        for name in ("poll_s", "retry_s"):
+            v = getattr(self, name)
+            if type(v) not in (int, float) or not 0 < v < float("inf"):
+                raise E.InvalidArgumentError(f"GatewayConfig.{name} must be a finite number > 0, got {v!r}")
 
     def shards(self) -> list[Shard]:
         tp, pp = self.group

@@ -7,56 +7,57 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import threading
 
-from .client import ClientConfig, HubClient
-from .federation import Gateway, GatewayConfig
-from .location import Location
+from . import cli_args as V
+from .private_files import write_private_atomic
 
 
-def _write_stats(path: str, gw: Gateway) -> None:
+def _write_stats(path: str, gw) -> None:
     with gw._lock:
         data = json.dumps(gw.stats.to_json())
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(data)
-    os.replace(tmp, path)  # readers see the old file or the new one, never half of one
+    write_private_atomic(path, data)  # readers see the old file or the new one, never half of one
 
 
 def main(argv: list[str] | None = None) -> int:
     import signal
-
-    from .client_config import DataPlaneConfig
-    from .logs import setup_logging
-    from .manifest import ManifestConfig
     p = argparse.ArgumentParser(prog="python -m rlsync.hub.federation",
                                 description="run one DC's federation gateway (follows models from their home hub)")
-    p.add_argument("--home", required=True, help="the home hub's address (the DC where the trainer publishes)")
-    p.add_argument("--home-token-file", required=True)
-    p.add_argument("--local", required=True, help="this DC's hub address")
-    p.add_argument("--local-token-file", required=True)
+    p.add_argument("--home", type=V.hub_address, required=True,
+                   help="the home hub's address (the DC where the trainer publishes)")
+    p.add_argument("--home-token-file", type=V.existing_file, required=True)
+    p.add_argument("--local", type=V.hub_address, required=True, help="this DC's hub address")
+    p.add_argument("--local-token-file", type=V.existing_file, required=True)
     p.add_argument("--dc", required=True, help="this DC's label (the gateway's location on both hubs)")
     p.add_argument("--rack", default="gateway")
     p.add_argument("--host", default="", help="host label (default: this machine's hostname)")
-    p.add_argument("--bind", default="127.0.0.1", help="address the gateway's data-plane servers bind")
-    p.add_argument("--model", action="append", required=True, help="a model to follow (repeatable)")
-    p.add_argument("--group", default="1x1", help="tp_size x pp_size of the models (e.g. 2x1)")
-    p.add_argument("--chunk-mib", type=float, default=8.0, help="the trainer's ManifestConfig.chunk_bytes, MiB")
-    p.add_argument("--poll-s", type=float, default=0.05)
-    p.add_argument("--hub-deadline-s", type=float, default=10.0,
+    p.add_argument("--bind", type=V.bind_host, default="127.0.0.1",
+                   help="address the gateway's data-plane servers bind")
+    p.add_argument("--model", type=V.model_name, action="append", required=True,
+                   help="a model to follow (repeatable)")
+    p.add_argument("--group", type=V.group, default=(1, 1), help="tp_size x pp_size of the models (e.g. 2x1)")
+    p.add_argument("--chunk-mib", dest="chunk_bytes", type=V.mib, default=8 << 20,
+                   help="the trainer's ManifestConfig.chunk_bytes, MiB (default 8)")
+    p.add_argument("--poll-s", type=V.positive_float, default=0.05, help="how often to ask the home hub for latest")
+    p.add_argument("--hub-deadline-s", type=V.positive_float, default=10.0,
                    help="how long one call waits for an unreachable hub before the gateway retries later")
     p.add_argument("--transport", default=None)
     p.add_argument("--no-deltas", action="store_true", help="always bring versions across in full")
-    p.add_argument("--stats", default=None, help="write the gateway's stats (JSON) here after every change")
+    p.add_argument("--stats", type=V.file_to_create, default=None,
+                   help="write the gateway's stats (JSON) here after every change (0600)")
     a = p.parse_args(argv)
+    from .client import ClientConfig, HubClient
+    from .client_config import DataPlaneConfig
+    from .federation import Gateway, GatewayConfig
+    from .location import Location
+    from .logs import setup_logging
+    from .manifest import ManifestConfig
     setup_logging()
-    tp, _, pp = a.group.partition("x")
     cfg = ClientConfig(dataplane=DataPlaneConfig(host=a.bind), hub_deadline_s=a.hub_deadline_s,
-                       transport=a.transport, manifest=ManifestConfig(chunk_bytes=int(a.chunk_mib * (1 << 20))))
+                       transport=a.transport, manifest=ManifestConfig(chunk_bytes=a.chunk_bytes))
     gw = Gateway(HubClient(a.home, token_file=a.home_token_file, config=cfg),
                  HubClient(a.local, token_file=a.local_token_file, config=cfg),
-                 GatewayConfig(models=tuple(a.model), group=(int(tp), int(pp)), poll_s=a.poll_s,
+                 GatewayConfig(models=tuple(a.model), group=a.group, poll_s=a.poll_s,
                                deltas=not a.no_deltas),
                  on_change=(lambda g: _write_stats(a.stats, g)) if a.stats else None)
     stop = threading.Event()

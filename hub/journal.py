@@ -12,11 +12,13 @@ has its own 0600 file, `<journal>.ticket-key`), but it is the hub's record and n
 """
 from __future__ import annotations
 
-import os
 import sqlite3
 import threading
 
 import msgpack
+
+from .errors import InvalidArgumentError
+from .private_files import create_private
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS versions (
@@ -29,22 +31,16 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
 SIDE_FILES = ("", "-wal", "-shm")
 
 
-def create_private(path: str) -> None:
-    """Create `path` 0600 if absent (never following a symlink); make an existing one 0600."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    try:
-        if os.fstat(fd).st_mode & 0o777 != 0o600:
-            os.fchmod(fd, 0o600)
-    finally:
-        os.close(fd)
-
-
 class Journal:
     def __init__(self, path: str) -> None:
         self.path = path
         self._lock = threading.Lock()
         for suffix in SIDE_FILES:
-            create_private(path + suffix)
+            try:
+                create_private(path + suffix)
+            except OSError as e:  # a directory, a missing directory, no permission: the caller's path to fix
+                raise InvalidArgumentError(f"journal {path}: cannot create {path + suffix} ({e.strerror}); "
+                                           "pass a file path in an existing directory") from None
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")

@@ -34,7 +34,9 @@ def quiet_console(prefixes: tuple[str, ...], log_file: str | os.PathLike | None 
         if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
             h.addFilter(keep)
     if log_file is not None:
-        os.makedirs(os.path.dirname(os.path.abspath(log_file)), exist_ok=True)
+        from .private_files import create_private, make_private_dirs
+        make_private_dirs(os.path.dirname(os.path.abspath(log_file)))  # 0700 / 0600 whatever the umask:
+        create_private(log_file)  # a run's log names its hub and workers; it is this user's to read
         fh = logging.FileHandler(log_file)
         fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s"))
         root.addHandler(fh)

@@ -12,8 +12,10 @@ Reply:    {"id": int, "ok": True, "result": ...} | {"id": int, "ok": False, "err
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import secrets
+import stat
 import threading
 import time
 
@@ -27,6 +29,7 @@ from .errors import AuthError, HubUnavailableError, InvalidArgumentError, Protoc
 from .wire_args import check_args
 
 MAX_MESSAGE_BYTES = 64 << 20
+log = logging.getLogger(__name__)
 
 
 def pack(obj) -> bytes:
@@ -41,14 +44,22 @@ def unpack(data: bytes):
 
 
 def read_token(path: str) -> str:
-    """The shared RPC token from `path` (a client never creates one: a missing file is an error)."""
+    """The shared RPC token from `path` (a client never creates one: a missing file is an error).
+
+    A token file others may read is tightened to 0600 with a warning (or, when this user may not
+    chmod it — another owner, a read-only mount — used with a warning saying what to fix)."""
     if not isinstance(path, (str, os.PathLike)):
         raise InvalidArgumentError(f"token_file must be a path, got {path!r}")
     try:
-        with open(path) as f:
-            tok = f.read().strip()
+        fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
         raise AuthError(f"token file {path} does not exist (the hub creates it; pass its path)") from None
+    except OSError as e:
+        raise AuthError(f"cannot read token file {path}: {e}") from None
+    try:
+        _tighten(fd, path)
+        with os.fdopen(fd) as f:
+            tok = f.read().strip()
     except (OSError, UnicodeDecodeError) as e:
         raise AuthError(f"cannot read token file {path}: {e}") from None
     if not tok:
@@ -56,15 +67,51 @@ def read_token(path: str) -> str:
     return tok
 
 
+def _tighten(fd: int, path) -> None:
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode) or not mode & 0o077:
+        return
+    try:
+        os.fchmod(fd, 0o600)
+        log.warning("token file %s was mode %03o (others could read the hub's token): tightened to 0600",
+                    path, mode & 0o777)
+    except OSError as e:
+        log.warning("token file %s is mode %03o (others can read the hub's token) and cannot be tightened "
+                    "(%s): make it 0600", path, mode & 0o777, e.strerror)
+
+
 def read_or_create_token(path: str) -> str:
     """The hub's side: the shared RPC token read from `path`, or created there (mode 0600) if absent."""
     if os.path.exists(path):
         return read_token(path)
     tok = secrets.token_hex(24)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as e:  # a missing directory, no permission: the caller's path to fix
+        raise InvalidArgumentError(f"cannot create token file {path} ({e.strerror}); "
+                                   "pass a file path in an existing directory") from None
     with os.fdopen(fd, "w") as f:
         f.write(tok + "\n")
     return tok
+
+
+def check_port(port, *, bind: bool = False) -> int:
+    """`port` as an int in 1..65535 (0 too for `bind`: pick a free one). ZeroMQ would take 99999 and
+    use 99999 mod 65536 while everything else names 99999."""
+    lo = 0 if bind else 1
+    if not isinstance(port, int) or isinstance(port, bool) or not lo <= port <= 65535:
+        raise InvalidArgumentError(f"port must be an int in {lo}..65535, got {port!r}")
+    return port
+
+
+def check_address(address) -> str:
+    """A hub address `tcp://host:port`, port in 1..65535; InvalidArgumentError otherwise."""
+    if not isinstance(address, str) or not address.startswith("tcp://"):
+        raise InvalidArgumentError(f"hub address must be a string like tcp://host:port, got {address!r}")
+    host, _, port = address[len("tcp://"):].rpartition(":")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise InvalidArgumentError(f"bad hub address {address!r}: expected tcp://host:port with a port in 1..65535")
+    return address
 
 
 class RpcChannel:
@@ -90,8 +137,7 @@ class RpcChannel:
 
     def _socket(self):
         if self._sock is None:
-            if not isinstance(self.address, str):
-                raise InvalidArgumentError(f"hub address must be a string like tcp://host:port, got {self.address!r}")
+            check_address(self.address)
             s = self._ctx.socket(zmq.DEALER)
             s.setsockopt(zmq.LINGER, 0)
             s.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)

@@ -27,7 +27,7 @@ from .known_manifests import KnownManifests
 from .location import Location
 from .replica_id import ReplicaId
 from .plan_replies import Packed, PlanReplies
-from .rpc import MAX_MESSAGE_BYTES, pack, read_or_create_token
+from .rpc import MAX_MESSAGE_BYTES, check_port, pack, read_or_create_token
 from .server_delta import DeltaOps
 from .server_load import HubLoad, packed_map
 from .shard import Shard
@@ -45,6 +45,7 @@ _MORE = int(zmq.SNDMORE)
 class HubServer(DeltaOps):
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0, token: str, journal: str,
                  config: HubConfig | None = None) -> None:
+        check_port(port, bind=True)  # ZeroMQ would listen on port % 65536 while the hub names `port`
         self.cfg = config or HubConfig()
         self.token = token
         self.journal = Journal(journal)

@@ -23,11 +23,13 @@ trainer's parameters or a reader's fetch target) or `seed` (a host copy made by 
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 from .delta_plan import DeltaConfig
+from .errors import InvalidArgumentError
 from .planner import Planner, PlannerConfig
 from .retention import KEEP_OLD, RetentionConfig, RetentionPolicy
 from .state_deltas import Deltas
@@ -62,6 +64,16 @@ class HubConfig:
     reregister_grace_s: float = 5.0
     """After a restart (a journal with committed versions), a fetch or re-plan that finds no holder yet
     waits up to this long for workers to re-register before the hub says lost / not retained."""
+
+    def __post_init__(self) -> None:
+        # A zero or negative timeout would expire every worker at its first tick (and nan never).
+        for name, zero_ok in (("worker_timeout_s", False), ("ticket_ttl_s", False), ("suspect_s", True),
+                              ("reregister_grace_s", True)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v >= 0 if zero_ok else v > 0) \
+                    or v == math.inf:
+                raise InvalidArgumentError(f"HubConfig.{name} must be a finite number {'>= 0' if zero_ok else '> 0'}, "
+                                           f"got {v!r}")
 
 
 class HubState(Workers, Versions, Fetches, Releases, Deltas):

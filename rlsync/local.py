@@ -87,14 +87,17 @@ def _run(cfg: LocalLoopConfig) -> list[dict[str, float]]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--task", default="reverse")
-    p.add_argument("--steps", type=int, default=150)
+    from rlsync.hub import cli_args as V
+    from rlsync.rollout.tasks import TASKS
+
+    p = argparse.ArgumentParser(prog="python -m rlsync.local", description=__doc__.split("\n")[0])
+    p.add_argument("--task", default="reverse", choices=TASKS.names())
+    p.add_argument("--steps", type=V.positive_int, default=150)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--arch", default="llama")
-    p.add_argument("--every", type=int, default=10, help="print one line per this many steps")
-    p.add_argument("--jsonl", default=None, help="also write every step's metrics here")
+    p.add_argument("--lr", type=V.positive_float, default=2e-3)
+    p.add_argument("--arch", default="llama", choices=("llama", "qwen2"))
+    p.add_argument("--every", type=V.positive_int, default=10, help="print one line per this many steps")
+    p.add_argument("--jsonl", type=V.file_to_create, default=None, help="also write every step's metrics here")
     a = p.parse_args()
     setup_logging("WARNING")
     cfg = LocalLoopConfig(task=a.task, steps=a.steps, seed=a.seed, arch=a.arch)

@@ -26,6 +26,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from rlsync.telemetry.loggers import read_jsonl  # noqa: E402
 from rlsync.telemetry.metrics import CAUSES, STALL_CAUSE_KEYS  # noqa: E402
 from rlsync.core.stall import State  # noqa: E402
+from rlsync.hub.cli_args import existing_dir  # noqa: E402
 from rlsync.telemetry.trace import load_trace  # noqa: E402
 
 __all__ = ["build_report", "main"]
@@ -259,13 +260,12 @@ def build_report(run_dir: str | Path) -> Path:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rlsync.report", description=__doc__.splitlines()[0])
-    ap.add_argument("run_dir", help="directory holding metrics.jsonl and/or trace.json")
+    ap.add_argument("run_dir", type=existing_dir, help="directory holding metrics.jsonl and/or trace.json")
     args = ap.parse_args(argv)
     try:
         index = build_report(args.run_dir)
     except FileNotFoundError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        ap.error(f"argument run_dir: {e}")
     print(index)
     return 0
 

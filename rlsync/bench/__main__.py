@@ -1,6 +1,7 @@
 """`python -m rlsync.bench SCENARIO [ARGS]`: run one registered benchmark scenario."""
 from __future__ import annotations
 
+import argparse
 import importlib
 import logging
 import pkgutil
@@ -18,11 +19,12 @@ def main(argv: list[str]) -> int:
                 importlib.import_module(f"{bench.__name__}.{mod.name}")
             except Exception as e:  # noqa: BLE001 - one broken scenario must not hide the others
                 logging.getLogger(__name__).warning("bench scenario module %r did not import: %s", mod.name, e)
-    names = bench.SCENARIOS.names()
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in bench.SCENARIOS:
-        print(f"usage: python -m rlsync.bench {{{','.join(names)}}} [--help | ARGS]", file=sys.stderr)
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
-    return bench.SCENARIOS.get(argv[0])(argv[1:])
+    p = argparse.ArgumentParser(prog="python -m rlsync.bench", description=bench.__doc__.splitlines()[0],
+                                usage="python -m rlsync.bench SCENARIO [--help | ARGS]",
+                                epilog="ARGS are the scenario's own: `python -m rlsync.bench SCENARIO --help` lists them.")
+    p.add_argument("scenario", choices=bench.SCENARIOS.names(), help="the benchmark to run")
+    a = p.parse_args(argv[:1])  # the scenario's own parser reads the rest (its --help included)
+    return bench.SCENARIOS.get(a.scenario)(argv[1:])
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ import statistics
 import time
 from pathlib import Path
 
+from rlsync.hub import cli_args as V
+
 from . import register_scenario
 from .cluster import BenchCluster, BenchConfig, command_line, machine_info, skip_reason, write_outputs
 from .topo import TopologySpec
@@ -173,12 +175,12 @@ def plot(res: dict, path: Path) -> None:
 
 def add_common_args(p: argparse.ArgumentParser, model_mib: float) -> None:
     d = BenchConfig()
-    p.add_argument("--model-mib", type=float, default=model_mib, help="model size in MiB")
+    p.add_argument("--model-mib", type=V.positive_float, default=model_mib, help="model size in MiB")
     p.add_argument("--nic-rate", default=d.nic_rate, help="every host's NIC rate, each direction (tc syntax)")
-    p.add_argument("--chunk-mib", type=float, default=d.chunk_mib, help="rlsync transfer unit (pipeline grain)")
-    p.add_argument("--streams", type=int, default=d.streams,
+    p.add_argument("--chunk-mib", type=V.positive_float, default=d.chunk_mib, help="rlsync transfer unit (pipeline grain)")
+    p.add_argument("--streams", type=V.positive_int, default=d.streams,
                    help="rlsync data-plane streams per source (each stream carries every k-th unit)")
-    p.add_argument("--fanout-cap", type=int, default=d.fanout_cap,
+    p.add_argument("--fanout-cap", type=V.positive_int, default=d.fanout_cap,
                    help="rlsync planner fan-out cap (readers one source serves at once)")
     p.add_argument("--transport", default=d.transport, choices=["auto", "tcp", "tcp-py"])
     p.add_argument("--json", type=Path, help="write raw figures + ratios here (and a PNG beside it)")

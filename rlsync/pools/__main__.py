@@ -19,6 +19,7 @@ import argparse
 import sys
 import time
 
+from rlsync.hub import cli_args as V
 from rlsync.hub.logs import setup_logging
 
 
@@ -143,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     j = sub.add_parser("join", help="start a pool of rollout workers and attach it to a running job")
     j.add_argument("--pool", required=True, help="name of the new pool (not one of the job's configured pools)")
-    j.add_argument("--size", type=int, default=1, help="rollout workers to start")
+    j.add_argument("--size", type=V.positive_int, default=1, help="rollout workers to start")
     j.add_argument("--dc", default="dc0", help="DC label the workers join the hub with")
     j.add_argument("--rack", default="rack0", help="rack label")
     j.add_argument("--host", default="", help="host label (default: this machine's hostname)")
@@ -155,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     ls = sub.add_parser("list", help="the job's pools and their workers' states")
     for s in (j, lv, ls):
         s.add_argument("--job", default=None, help="the job's run dir (default: $RLSYNC_JOB, else the last job)")
-        s.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the workers / the driver")
+        s.add_argument("--timeout", type=V.positive_float, default=180.0,
+                       help="seconds to wait for the workers / the driver")
     a = p.parse_args(argv)
     setup_logging("WARNING")
     from rlsync.pools.attach import read_job_file
@@ -163,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         job = read_job_file(a.job)
     except (FileNotFoundError, PermissionError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"python -m rlsync.pools {a.cmd}: error: argument --job: {e}", file=sys.stderr)
         return 2
     return {"join": cmd_join, "list": cmd_list, "leave": cmd_leave}[a.cmd](a, job)
 

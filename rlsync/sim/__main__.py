@@ -14,25 +14,55 @@ import sys
 import time
 from pathlib import Path
 
+from rlsync.hub import cli_args as V
+
+
+FRACTIONS = {"nic_efficiency": (False, True), "wan_efficiency": (False, True), "preempt_frac": (True, True)}
+"""(0 allowed, 1 allowed) of the assumptions that are fractions; every other one is > 0, but for
+`hub_service_ms` (< 0: measure the real HubState) and `order_seed` (-1: by name)."""
+
+
+def assumption(text: str) -> str:
+    """A `--set NAME=VALUE` of a PaperSetup field, its value of the field's type and in its range."""
+    from dataclasses import fields
+
+    from .paper import PaperSetup
+    kinds = {f.name: f.type for f in fields(PaperSetup)}
+    name, eq, raw = text.partition("=")
+    if name not in kinds or not eq:
+        raise V.Bad(f"{text!r}: want NAME=VALUE with NAME one of {', '.join(kinds)}")
+    is_int = kinds[name] in ("int", int)
+    v = V.number(raw, int if is_int else float)
+    zero_ok, one_ok = FRACTIONS.get(name, (False, False))
+    ok = (name == "hub_service_ms" or (name == "order_seed" and v >= -1)
+          or (name in FRACTIONS and (v > 0 or zero_ok and v == 0) and (v < 1 or one_ok and v == 1))
+          or (name not in FRACTIONS and v > 0))
+    if not ok:
+        want = "a fraction in [0, 1]" if name == "preempt_frac" else "in (0, 1]" if name in FRACTIONS else \
+            ">= -1" if name == "order_seed" else "> 0"
+        raise V.Bad(f"{name} must be {want}, got {raw!r}")
+    return text
+
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m rlsync.sim", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     v = sub.add_parser("validate", help="simulated vs measured, the four emulated-topology benchmarks")
     v.add_argument("--json", type=Path, help="write the table, max_rel_error and sources here")
-    v.add_argument("--measured", type=Path, help="a bundle of benchmark --json outputs (default: the stored one)")
+    v.add_argument("--measured", type=lambda t: Path(V.existing_file(t)), help="a bundle of benchmark --json outputs (default: the stored one)")
     v.add_argument("--measure", action="store_true", help="run the four benchmarks now (root; minutes)")
     v.add_argument("--save-measured", type=Path, help="with --measure: also store the bundle here")
-    v.add_argument("--rpc-ms", type=float, default=2.0, help="control-plane round trip per hub RPC (ms)")
+    v.add_argument("--rpc-ms", type=V.nonneg_float, default=2.0, help="control-plane round trip per hub RPC (ms)")
     pa = sub.add_parser("paper", help="the paper's three workloads at its scale vs the baselines")
     pa.add_argument("--json", type=Path)
-    pa.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="change an assumption")
+    pa.add_argument("--set", type=assumption, action="append", default=[], metavar="NAME=VALUE",
+                    help="change an assumption")
     pa.add_argument("--only", action="append", choices=["standalone", "elastic", "crossdc"])
     fe = sub.add_parser("federation", help="one cross-DC update over 10 DCs: one hub vs a hub per DC")
     fe.add_argument("--json", type=Path)
-    fe.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+    fe.add_argument("--set", type=assumption, action="append", default=[], metavar="NAME=VALUE",
                     help="change a paper assumption (dcs=10 unless set)")
-    fe.add_argument("--poll-ms", type=float, default=50.0, help="the gateways' poll of the home hub's latest")
+    fe.add_argument("--poll-ms", type=V.positive_float, default=50.0, help="the gateways' poll of the home hub's latest")
     a = p.parse_args(argv)
     if a.cmd == "validate":
         return _validate(a)
