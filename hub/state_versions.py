@@ -77,6 +77,16 @@ class Versions:
             self._forget_old(m)
         return commits
 
+    def held_versions(self, model: str) -> list[int]:
+        """Committed versions of `model` of which every shard has a full replica now, ascending (an
+        uncommitted version, or one a shard of which nobody holds, cannot be read in full)."""
+        m = self.models.get(model)
+        if m is None:
+            return []
+        have = self._index.shard_replicas
+        return [v for v in m.committed if all(
+            any(self.replicas[r].full for r in have.get((model, v, key), ())) for key in m.versions[v].manifests)]
+
     def _forget_old(self, m: ModelRec) -> None:
         below = retention.forget_below(m.latest, self.cfg.retention.retain_last)
         if not m.versions or min(m.versions) >= below:

@@ -4,7 +4,8 @@ items 2 and 7).
 On 0f12831 a layout whose pieces left rows 40-49 of a tensor in no rank's piece was published and
 read as success (those rows uninitialized memory), a piece past the tensor's end failed at read with
 a RuntimeError, two ranks could publish one version in different layouts, `ReshardReader.read` refused
-bad destinations with plain ValueErrors (and silently kept one of two destinations of one name).
+bad destinations with plain ValueErrors (and silently kept one of two destinations of one name), and
+`versions()["held"]` listed uncommitted versions and versions a shard of which nobody held.
 """
 from __future__ import annotations
 
@@ -143,3 +144,20 @@ def test_publish_shard_of_a_rank_outside_the_world_is_typed(make_client):
         with pytest.raises(E.ShardError, match="outside"):
             publish_shard(c, "policy", 1, lay, rank, live(lay, 0))
     assert c.held() == []
+
+
+# ----------------------------------------------------------------------------- item 7: versions()["held"]
+def test_versions_held_lists_only_committed_versions_every_shard_of_which_is_held(make_client):
+    lay = rows_layout(50)
+    ranks = [make_client(name=f"trainer{r}") for r in range(2)]
+    for r in range(2):
+        publish_shard(ranks[r], "policy", 1, lay, r, live(lay, r))
+    assert ranks[0].versions("policy")["held"] == [1]
+    publish_shard(ranks[0], "policy", 2, lay, 0, live(lay, 0))  # rank 1 has not published v2: uncommitted
+    v = ranks[0].versions("policy")
+    assert v["committed"] == [1] and v["held"] == [1]
+    publish_shard(ranks[1], "policy", 2, lay, 1, live(lay, 1))
+    assert ranks[0].versions("policy")["held"] == [1, 2]
+    ranks[1].release("policy", 1, shard=zero_shard(1, 2))  # v1 left retention: its shard 1 may go
+    v = ranks[0].versions("policy")
+    assert v["committed"] == [1, 2] and v["held"] == [2], v  # v1's shard 0 alone is not a replica of v1
