@@ -164,6 +164,16 @@ class HubUnavailableError(HubError):
     code = "hub_unavailable"
 
 
+class LayoutError(HubError, ValueError):
+    """A sharded layout whose pieces do not tile each tensor exactly (a gap, an overlap, a piece past
+    the tensor's end), whose ranks disagree (dtype, shape, or another rank's layout of the same
+    version), or a resharding destination it cannot serve (unknown tensor, uneven block, part out of
+    range, mixed dtypes, no or duplicate destinations). Nothing was registered. Also a `ValueError`:
+    resharding refused these as plain `ValueError`s before they were typed."""
+
+    code = "layout"
+
+
 class TimeoutError_(HubError):
     """A hub operation (e.g. a release waiting for readers to drain) exceeded its deadline."""
 

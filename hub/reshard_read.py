@@ -9,7 +9,11 @@ A ZeRO-3 rank's shard travels under the shard coordinate `zero_shard(rank, world
 `Shard(tp=rank, tp_size=world)`), so the hub's transactional commit across shards applies
 unchanged: the version becomes visible once every rank has published. The kind of split is in the
 layout record each shard carries (`LAYOUT_TENSOR`); a reader checks it against the layout it
-expects and refuses a mismatch (ManifestMismatchError).
+expects and refuses a mismatch (ManifestMismatchError). Each shard also carries an empty tensor
+named by a digest of the whole layout (`LAYOUT_DIGEST`), so the hub refuses a rank that publishes
+another layout than a rank before it (LayoutError), and a reader of another layout before any byte
+moves (its buffers' names differ: BufferMismatchError). A layout is checked to tile when built and
+again when published or read (docs/resharding.md, "Layouts are checked").
 
 Whole-tensor reads land each source shard straight in the reader's tensors: the fetch's buffers are
 views of the destination at the piece's flat range, so no byte is staged or copied after the
@@ -32,9 +36,9 @@ from dataclasses import dataclass, field
 import torch
 
 from .client_partial import fetch_units
-from .errors import BufferMismatchError, ManifestMismatchError
+from .errors import BufferMismatchError, LayoutError, ManifestMismatchError, ShardError
 from .manifest import ITEMSIZE, Manifest, ManifestConfig, dtype_from_name, dtype_name
-from .reshard import LAYOUT_TENSOR, Dest, ShardedLayout, parse_record, plan, record
+from .reshard import LAYOUT_TENSOR, Dest, ShardedLayout, digest_tensor_name, parse_record, plan, record
 from .shard import Shard
 
 
@@ -43,8 +47,15 @@ def zero_shard(rank: int, world: int) -> Shard:
 
 
 def shard_tensors(layout: ShardedLayout, rank: int, live: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """What `rank` publishes: a view of the published part of each live partition (no copy) and its
-    layout record. `live[name]` is the rank's whole partition (length + padding elements)."""
+    """What `rank` publishes: a view of the published part of each live partition (no copy), its
+    layout record and the layout's digest (an empty tensor named by it: the hub refuses a rank whose
+    digest differs from another's of the version). `live[name]` is the rank's whole partition
+    (length + padding elements). The layout is checked again here (it tiles; LayoutError if not)."""
+    digest = digest_tensor_name(layout)
+    if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < layout.world:
+        raise ShardError(f"rank {rank!r} is outside the layout's world of {layout.world}")
+    if not isinstance(live, dict):
+        raise BufferMismatchError(f"live must be a dict of name -> partition, got {type(live).__name__}")
     out: dict[str, torch.Tensor] = {}
     for p in layout.ranks[rank]:
         t = live.get(p.name)
@@ -54,6 +65,7 @@ def shard_tensors(layout: ShardedLayout, rank: int, live: dict[str, torch.Tensor
                                       f"{None if t is None else (t.numel(), t.dtype, t.is_contiguous())}")
         out[p.name] = t.view(-1).narrow(0, 0, p.length)
     out[LAYOUT_TENSOR] = torch.frombuffer(bytearray(record(layout, rank)), dtype=torch.uint8)
+    out[digest] = torch.empty(0, dtype=torch.uint8)
     return out
 
 
@@ -95,6 +107,7 @@ class ReshardReader:
     (it serves the shards it fetched until it reads the next version or leaves)."""
 
     def __init__(self, hub, model: str, layout: ShardedLayout) -> None:
+        self._digest = digest_tensor_name(layout)  # checks the layout tiles before any byte moves
         self.hub, self.model, self.layout = hub, model, layout
         self._records = {r: torch.empty(len(record(layout, r)), dtype=torch.uint8) for r in range(layout.world)}
         self._scratch: dict[str, torch.Tensor] | None = None
@@ -104,7 +117,7 @@ class ReshardReader:
         """Fetch shard `rank` into `into`: whole, or (with `runs`: tensor -> sorted element ranges)
         only the units overlapping those ranges and the layout record. `out` gathers seconds,
         transports and the manifest."""
-        into = {**into, LAYOUT_TENSOR: self._records[rank]}
+        into = {**into, LAYOUT_TENSOR: self._records[rank], self._digest: torch.empty(0, dtype=torch.uint8)}
         shard = zero_shard(rank, self.layout.world)
         t0 = time.perf_counter()
         if runs is None:
@@ -154,7 +167,7 @@ class ReshardReader:
                              for n, k in longest.items()}
         ranks = p.ranks()
         if not ranks:
-            raise ValueError("nothing to read: every destination is empty")
+            raise LayoutError("nothing to read: every destination is empty (0 elements)")
         out = ReshardResult(-1, into, {}, ranks)
         for r in ranks:
             views = {q.name: self._scratch[q.name][:q.length] for q in self.layout.ranks[r]}
@@ -174,6 +187,7 @@ def whole_views(layout: ShardedLayout, rank: int, into: dict[str, torch.Tensor],
              else into[p.name].view(-1)[:0] for p in layout.ranks[rank]}
     if record_buf is not None:
         views[LAYOUT_TENSOR] = record_buf
+        views[digest_tensor_name(layout)] = torch.empty(0, dtype=torch.uint8)
     return views
 
 

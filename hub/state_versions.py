@@ -12,6 +12,7 @@ from . import retention
 from .delta_plan import base_model, delta_base, delta_model, is_delta_model
 from .manifest import Manifest
 from .replica_id import ReplicaId
+from .reshard import LAYOUT_DIGEST
 from .shard import Shard
 from .state_records import ModelRec, ReplicaRec, VersionRec
 
@@ -53,6 +54,7 @@ class Versions:
                     a = [(t.name, t.dtype) for t in other.tensors]
                     b = [(t.name, t.dtype) for t in manifest.tensors]
                     if a != b:
+                        _same_layout(model, version, (shard.key, manifest), (key, other))
                         raise E.ManifestMismatchError(
                             f"{model!r} v{version}: shard {shard.key}'s tensors (names/dtypes) disagree "
                             f"with shard {key} of the same pipeline stage")
@@ -132,6 +134,16 @@ class Versions:
                 return
         self._mark_committed(dm, dv)
 
+    def held_versions(self, model: str) -> list[int]:
+        """Committed versions of `model` of which every shard has a full replica now, ascending (an
+        uncommitted version, or one a shard of which nobody holds, cannot be read in full)."""
+        m = self.models.get(model)
+        if m is None:
+            return []
+        have = self._index.shard_replicas
+        return [v for v in m.committed if all(
+            any(self.replicas[r].full for r in have.get((model, v, key), ())) for key in m.versions[v].manifests)]
+
     def _forget_old(self, m: ModelRec) -> None:
         below = retention.forget_below(m.latest, self.cfg.retention.retain_last)
         if not m.versions or min(m.versions) >= below:
@@ -182,3 +194,15 @@ class Versions:
             rec.full = True
             self._release_events.shard(model, version, shard.key)
         return rid
+
+
+def _same_layout(model: str, version: int, mine: tuple[str, Manifest], theirs: tuple[str, Manifest]) -> None:
+    """LayoutError if two shards of a version carry different sharded layouts (hub/reshard.py names an
+    empty tensor of each shard by its layout's digest): their pieces may leave gaps or overlap."""
+    (ka, a), (kb, b) = mine, theirs
+    da = [t.name[len(LAYOUT_DIGEST):] for t in a.tensors if t.name.startswith(LAYOUT_DIGEST)]
+    db = [t.name[len(LAYOUT_DIGEST):] for t in b.tensors if t.name.startswith(LAYOUT_DIGEST)]
+    if da != db:
+        raise E.LayoutError(f"{model!r} v{version}: shard {ka} was published with layout {da or 'none'}, shard "
+                            f"{kb} with {db or 'none'}: every rank of a version must publish the same "
+                            "ShardedLayout (built from the same shapes, dtypes and world)")

@@ -113,11 +113,6 @@ class Workers:
         """Open (fetch, source) pairs whose source is one of `wid`'s replicas: the planner's fan-out load."""
         return self._index.load.get(wid, 0)
 
-    def held_versions(self, model: str) -> list[int]:
-        """Versions of `model` some worker holds in full, ascending."""
-        return sorted({v for (m, v, _), rids in self._index.shard_replicas.items()
-                       if m == model and any(self.replicas[r].full for r in rids)})
-
     def _relay_fetches(self, relay: str) -> list[str]:
         """Open fetches whose target is replica `relay` (one, unless a plan was replaced), oldest first."""
         return list(self._index.relay_fetches.get(relay, ()))

@@ -82,7 +82,9 @@ class ScanState(HubState):
         return any(r.full for r in self.replicas.values() if r.worker == wid)
 
     def held_versions(self, model):
-        return sorted({r.version for r in self.replicas.values() if r.model == model and r.full})
+        full = {(r.version, r.shard) for r in self.replicas.values() if r.model == model and r.full}
+        m = self.models.get(model)
+        return [v for v in (m.committed if m else ()) if all((v, k) in full for k in m.versions[v].manifests)]
 
     def remove_worker(self, wid):
         self.workers.pop(wid, None)

@@ -5,6 +5,10 @@ journal are exactly as before.
 
 Frames include valid-token frames for every operation with each argument replaced by wrong-typed or
 out-of-range values (what crashed handlers on ea01902: 20 of 300 such frames).
+
+Resharding (pure logic, no hub): generated `ShardedLayout`s either tile every tensor exactly or are
+refused with `LayoutError`, and plans of generated destinations over them fill each destination
+element exactly once or are refused with `LayoutError` (on 0f12831 a gap was accepted, issue 30).
 """
 import hashlib
 import os
@@ -249,3 +253,104 @@ def test_fuzzed_data_plane_requests_get_typed_errors(live):
     assert got.version == 1 and got.nbytes > 0
     reader.release("policy", 1)
     assert "Traceback" not in hub_log(live)
+
+
+# ----------------------------------------------------------------------------- resharding layouts, destinations
+LAYOUT_EXAMPLES = 600
+ints = st.one_of(st.integers(-2, 14), st.sampled_from([True, None, "3", 1.5]))
+
+
+@st.composite
+def layouts(draw):
+    """Hand-built layouts of `a` (3, 4) and `b` (5,) over 1-3 ranks: cuts at random points, each field
+    now and then spoiled (a wrong type, a gap, an overlap, a piece past the end, another dtype/shape)."""
+    from rlsync.hub.reshard import FlatPiece
+
+    def maybe(good, bad):
+        return draw(bad) if draw(st.integers(0, 59)) == 0 else good
+
+    world = maybe(draw(st.integers(1, 3)), st.sampled_from([0, -1, True]))
+    n = max(world, 1) if isinstance(world, int) else 1
+    tensors = (("a", 12, (3, 4)), ("b", 5, (5,)))
+    cuts = {name: [0, *sorted(draw(st.lists(st.integers(0, numel), min_size=n - 1, max_size=n - 1))), numel]
+            for name, numel, _ in tensors}
+    ranks = []
+    for r in range(n):
+        pieces = []
+        for name, numel, shape in tensors:
+            bounds = cuts[name]
+            start, length = (bounds[r], bounds[r + 1] - bounds[r]) if r + 1 < len(bounds) else (0, numel)
+            pieces.append(FlatPiece(maybe(name, st.sampled_from(["", "__rlsync_layout__", 3])),
+                                    maybe("float32", st.sampled_from(["bfloat16", "nope", None])),
+                                    maybe(shape, st.sampled_from([(4, 3), (numel,), (numel, -1), [numel], (2, 2)])),
+                                    maybe(start, ints), maybe(length, ints), maybe(0, st.sampled_from([1, -1, "0"]))))
+        if draw(st.integers(0, 19)) == 0:
+            pieces = draw(st.permutations(pieces))
+        ranks.append(tuple(pieces))
+    if draw(st.integers(0, 19)) == 0:
+        ranks = ranks[:-1] if draw(st.booleans()) else ranks + ranks[:1]
+    return maybe("rows", st.sampled_from(["", None])), world, tuple(ranks)
+
+
+@st.composite
+def destinations(draw):
+    from rlsync.hub.reshard import Dest, Slice
+
+    def one():
+        name = draw(st.sampled_from(["a"] * 6 + ["b"] * 3 + ["zz"]))
+        if draw(st.integers(0, 2)) == 0:
+            return Slice(name)
+        return Slice(name, draw(st.sampled_from([0, 0, 0, 1, 1, 2, -1, None, "0"])), draw(st.integers(-1, 3)),
+                     draw(st.sampled_from([1, 1, 2, 2, 3, 4, 0, -1])))
+    n = draw(st.sampled_from([1, 1, 2, 3, 0]))
+    names = [f"d{i}" for i in range(n)] if draw(st.integers(0, 5)) else ["x"] * n  # now and then one name twice
+    return [Dest(nm, tuple(one() for _ in range(draw(st.sampled_from([1, 1, 1, 1, 2, 3, 0]))))) for nm in names]
+
+
+def test_fuzzed_layouts_tile_exactly_or_are_refused_typed():
+    """A layout either tiles every tensor (each element in exactly one rank's piece, every rank declaring
+    one dtype and shape) or its constructor raises LayoutError; any other outcome is a failure. A plan of
+    random destinations over a valid layout fills each destination element exactly once, or LayoutError."""
+    from rlsync.hub.reshard import ShardedLayout, plan
+
+    seen = {"ok": 0, "refused": 0, "plans": 0}
+
+    @settings(max_examples=LAYOUT_EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(layouts(), destinations())
+    def run(lay, dests):
+        kind, world, ranks = lay
+        try:
+            layout = ShardedLayout(kind, world, ranks)
+        except E.LayoutError:
+            seen["refused"] += 1
+            return
+        seen["ok"] += 1
+        for name, numel in (("a", 12), ("b", 5)):
+            cover = [0] * numel
+            decl = {(p.shape, p.dtype) for r in layout.ranks for p in r if p.name == name}
+            assert len(decl) == 1, (name, layout)
+            for r in layout.ranks:
+                for p in r:
+                    if p.name == name:
+                        for i in range(p.start, p.start + p.length):
+                            cover[i] += 1
+            assert cover == [1] * numel, (name, cover, layout)
+        try:
+            p = plan(layout, dests)
+        except E.LayoutError:
+            return
+        seen["plans"] += 1
+        for d, shape in p.shapes.items():
+            n = 1
+            for x in shape:
+                n *= x
+            cover = [0] * n
+            for c in p.copies:
+                if c.dst == d:
+                    for _, o, k in c.runs():
+                        for i in range(o, o + k):
+                            cover[i] += 1
+            assert cover == [1] * n, (d, cover, dests)
+
+    run()
+    assert seen["ok"] > 0 and seen["refused"] > 0 and seen["plans"] > 0, seen
