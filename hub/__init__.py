@@ -6,6 +6,7 @@ Public API:
     Location, Shard                            — where a worker is; which model-parallel shard
     ReplicaId                                  — which copy (worker, model, version, shard, slot)
     errors (HubError and subclasses)           — every refusal is typed
+    positive_int, positive_float               — argparse types for CLIs (one-line errors, exit 2)
 """
 from importlib import import_module
 
@@ -14,6 +15,7 @@ _EXPORTS = {
     "Location": ".location", "Manifest": ".manifest", "ManifestConfig": ".manifest", "PlannerConfig": ".planner",
     "RetentionConfig": ".retention", "EmbeddedHub": ".server", "HubServer": ".server",
     "start_embedded_hub": ".server", "ReplicaId": ".replica_id", "Shard": ".shard", "HubConfig": ".state", "errors": ".errors",
+    "positive_int": ".cli_args", "positive_float": ".cli_args",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -29,7 +29,7 @@ from .replica_id import ReplicaId
 from .plan_replies import Packed, PlanReplies
 from .rpc import MAX_MESSAGE_BYTES, check_port, pack, read_or_create_token
 from .server_delta import DeltaOps
-from .server_load import HubLoad, packed_map
+from .server_load import HubLoad, packed_map, park_until
 from .shard import Shard
 from .state import DONE, KEEP_OLD, PENDING, HubConfig, HubState
 from .state_records import HolderSilentError
@@ -353,15 +353,6 @@ class EmbeddedHub:
 
     def __exit__(self, *exc):
         self.stop()
-
-
-def park_until(wait_s) -> tuple[float, float]:
-    """(now, the time by which a parked request must be answered): 80% of the try time the client sent
-    (`wait_s`), so the answer reaches it before it gives the try up; a client that sent none waits on."""
-    now = time.monotonic()
-    if isinstance(wait_s, (int, float)) and not isinstance(wait_s, bool) and 0 < wait_s < 1e6:
-        return now, now + 0.8 * wait_s
-    return now, float("inf")
 
 
 def start_embedded_hub(*, host: str = "127.0.0.1", port: int = 0, token: str | None = None,

@@ -86,3 +86,12 @@ def packed_map(items: dict, raw: dict[str, bytes]) -> bytes:
 
 
 _MAP_HEADER = {0xde: 3, 0xdf: 5}  # map16 / map32 header sizes; a fixmap (0x80-0x8f) has 1
+
+
+def park_until(wait_s) -> tuple[float, float]:
+    """(now, the time by which a request the hub parks must be answered): 80% of the try time the client
+    sent (`wait_s`), so the answer reaches it before it gives the try up; a client that sent none waits on."""
+    now = time.monotonic()
+    if isinstance(wait_s, (int, float)) and not isinstance(wait_s, bool) and 0 < wait_s < 1e6:
+        return now, now + 0.8 * wait_s
+    return now, float("inf")

@@ -19,7 +19,7 @@ import argparse
 import sys
 import time
 
-from rlsync.hub import cli_args as V
+from rlsync.hub import positive_float, positive_int
 from rlsync.hub.logs import setup_logging
 
 
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     j = sub.add_parser("join", help="start a pool of rollout workers and attach it to a running job")
     j.add_argument("--pool", required=True, help="name of the new pool (not one of the job's configured pools)")
-    j.add_argument("--size", type=V.positive_int, default=1, help="rollout workers to start")
+    j.add_argument("--size", type=positive_int, default=1, help="rollout workers to start")
     j.add_argument("--dc", default="dc0", help="DC label the workers join the hub with")
     j.add_argument("--rack", default="rack0", help="rack label")
     j.add_argument("--host", default="", help="host label (default: this machine's hostname)")
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     ls = sub.add_parser("list", help="the job's pools and their workers' states")
     for s in (j, lv, ls):
         s.add_argument("--job", default=None, help="the job's run dir (default: $RLSYNC_JOB, else the last job)")
-        s.add_argument("--timeout", type=V.positive_float, default=180.0,
+        s.add_argument("--timeout", type=positive_float, default=180.0,
                        help="seconds to wait for the workers / the driver")
     a = p.parse_args(argv)
     setup_logging("WARNING")
