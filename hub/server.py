@@ -78,6 +78,8 @@ class HubServer(DeltaOps):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.rpc_count = 0
+        self.rpc_by_op: dict[str, int] = {}
+        """Control RPCs served, by operation (`stats`' rpc_by_op; logged when the hub stops)."""
         self.load = HubLoad()
         self._plans = PlanReplies(self.signer, self.load, self.cfg.ticket_ttl_s)  # signed per loop pass
         self._manifest_bytes = self._plans.manifests
@@ -117,7 +119,8 @@ class HubServer(DeltaOps):
         finally:
             self._sock.close(0)
             self.journal.close()  # checkpoints the WAL: a clean stop leaves the journal in one file
-            log.info("hub on %s stopped; journal %s closed", self.address, self.journal.path)
+            log.info("hub on %s stopped; journal %s closed; control RPCs served by op: %s", self.address,
+                     self.journal.path, dict(sorted(self.rpc_by_op.items())))
 
     def start(self) -> "HubServer":
         self._thread = threading.Thread(target=self.serve_forever, name="rlsync-hub", daemon=True)
@@ -162,6 +165,7 @@ class HubServer(DeltaOps):
                 raise E.InvalidArgumentError(f"{op}: args must be a map")
             args = check_args(op, args or {})
             self.rpc_count += 1
+            self.rpc_by_op[op] = self.rpc_by_op.get(op, 0) + 1
         except E.HubError as e:
             self._reply(ident, rid, False, [e.code, str(e)])
             return
@@ -304,7 +308,8 @@ class HubServer(DeltaOps):
 
     def op_stats(self, ident, rid):
         s = self.state.stats()
-        s.update(rpc_count=self.rpc_count, rpc_bytes_in=self.bytes_in, rpc_bytes_out=self.bytes_out)
+        s.update(rpc_count=self.rpc_count, rpc_by_op=dict(self.rpc_by_op), rpc_bytes_in=self.bytes_in,
+                 rpc_bytes_out=self.bytes_out)
         s.update(self.load.snapshot(self.rpc_count, [w.last_seen for w in self.state.workers.values()],
                                     self.state.clock()))
         return s
