@@ -30,6 +30,7 @@ from .plan_replies import Packed, PlanReplies
 from .rpc import MAX_MESSAGE_BYTES, pack, read_or_create_token
 from .server_delta import DeltaOps
 from .server_load import HubLoad, packed_map
+from .server_waits import DEFERRED as _DEFERRED, WaitOps
 from .shard import Shard
 from .state import DONE, KEEP_OLD, PENDING, HubConfig, HubState
 from .state_records import HolderSilentError
@@ -42,7 +43,7 @@ TICK_S = 0.2
 _MORE = int(zmq.SNDMORE)
 
 
-class HubServer(DeltaOps):
+class HubServer(DeltaOps, WaitOps):
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0, token: str, journal: str,
                  config: HubConfig | None = None) -> None:
         self.cfg = config or HubConfig()
@@ -65,6 +66,7 @@ class HubServer(DeltaOps):
         # two. Until then "no holder" is not an answer: such fetches wait (parked) for them.
         self._grace_until = time.monotonic() + self.cfg.reregister_grace_s if restored else 0.0
         self._parked: list[tuple[bytes, object, str, dict]] = []
+        self._init_waits()  # wait_latest's parked replies (hub/server_waits.py)
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -98,7 +100,8 @@ class HubServer(DeltaOps):
         next_tick = time.monotonic() + TICK_S
         try:
             while not self._stop.is_set():
-                events = dict(poller.poll(max(0, int((next_tick - time.monotonic()) * 1000))))
+                wake = min(next_tick, self.waits_due)  # a parked wait_latest is answered at its deadline
+                events = dict(poller.poll(max(0, int((wake - time.monotonic()) * 1000))))
                 if self._sock in events:
                     for _ in range(256):
                         try:
@@ -109,6 +112,7 @@ class HubServer(DeltaOps):
                     self._flush_releases()
                     self._retry_parked()
                     self._plans.flush(self._reply)
+                self._answer_waits()  # a commit in this pass, or a deadline passed
                 if time.monotonic() >= next_tick:
                     self.load.tick(self.rpc_count)
                     self._expire()
@@ -315,7 +319,6 @@ class HubServer(DeltaOps):
         return s
 
 
-_DEFERRED = object()
 KEY_SUFFIX = ".ticket-key"
 
 
