@@ -4,6 +4,8 @@ Public API:
     start_embedded_hub, HubServer, HubConfig   — run a hub (in-process or `python -m rlsync.hub serve`)
     HubClient, ClientConfig, FetchResult       — publish / fetch / release from any training loop
     Location, Shard                            — where a worker is; which model-parallel shard
+    ShardedLayout, zero3_layout, zero_shard,
+    publish_shard, ReshardReader, dtype_name   — sharded publish (ZeRO-3 partitions) and whole reads of it
     ReplicaId                                  — which copy (worker, model, version, shard, slot)
     errors (HubError and subclasses)           — every refusal is typed
 """
@@ -14,6 +16,8 @@ _EXPORTS = {
     "Location": ".location", "Manifest": ".manifest", "ManifestConfig": ".manifest", "PlannerConfig": ".planner",
     "RetentionConfig": ".retention", "EmbeddedHub": ".server", "HubServer": ".server",
     "start_embedded_hub": ".server", "ReplicaId": ".replica_id", "Shard": ".shard", "HubConfig": ".state", "errors": ".errors",
+    "ShardedLayout": ".reshard", "zero3_layout": ".reshard", "ReshardReader": ".reshard_read",
+    "publish_shard": ".reshard_read", "zero_shard": ".reshard_read", "dtype_name": ".manifest",
 }
 __all__ = sorted(_EXPORTS)
 
