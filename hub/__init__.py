@@ -4,6 +4,8 @@ Public API:
     start_embedded_hub, HubServer, HubConfig   — run a hub (in-process or `python -m rlsync.hub serve`)
     HubClient, ClientConfig, FetchResult       — publish / fetch / release from any training loop
     Location, Shard                            — where a worker is; which model-parallel shard
+    ShardedLayout, zero3_layout, zero_shard,
+    publish_shard, ReshardReader, dtype_name   — sharded publish (ZeRO-3 partitions) and whole reads of it
     ReplicaId                                  — which copy (worker, model, version, shard, slot)
     errors (HubError and subclasses)           — every refusal is typed
     positive_int, positive_float               — argparse types for CLIs (one-line errors, exit 2)
@@ -16,6 +18,8 @@ _EXPORTS = {
     "RetentionConfig": ".retention", "EmbeddedHub": ".server", "HubServer": ".server",
     "start_embedded_hub": ".server", "ReplicaId": ".replica_id", "Shard": ".shard", "HubConfig": ".state", "errors": ".errors",
     "positive_int": ".cli_args", "positive_float": ".cli_args",
+    "ShardedLayout": ".reshard", "zero3_layout": ".reshard", "ReshardReader": ".reshard_read",
+    "publish_shard": ".reshard_read", "zero_shard": ".reshard_read", "dtype_name": ".manifest",
 }
 __all__ = sorted(_EXPORTS)
 

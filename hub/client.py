@@ -44,6 +44,7 @@ from .rpc import RpcChannel, read_token
 from .shard import Shard
 from .store import ReplicaStore
 from .tickets import ReaderKey
+from .wire_args import check_args
 
 __all__ = ["ClientConfig", "FetchResult", "HubClient", "ReplicaId"]
 
@@ -100,6 +101,17 @@ class HubClient(Session, Publishing, Fetching, DeltaSync):
     # ------------------------------------------------------------------ queries
     def latest(self, model: str) -> int | None:
         return self._call("latest", model=model)
+
+    def wait_latest(self, model: str, at_least: int, timeout_s: float = 30.0) -> int | None:
+        """`latest(model)` as soon as it is >= `at_least` (the hub parks the reply until that version
+        commits), or after `timeout_s` whatever it is then (None: nothing of `model` committed yet).
+        A timeout is not an error: compare and decide. One call instead of polling `latest`.
+
+        Across a hub restart the call is sent again and the new hub parks it afresh; a hub that stays
+        unreachable is HubUnavailableError after `config.hub_deadline_s`, never a hang."""
+        args = check_args("wait_latest", {"model": model, "at_least": at_least, "timeout_s": timeout_s})
+        # One try lasts the wait plus an ordinary reply time: a parked reply is not a dead hub.
+        return self._call("wait_latest", attempt_s=args["timeout_s"] + self.cfg.rpc_timeout_s, **args)
 
     def versions(self, model: str) -> dict:
         """{"latest", "committed": every version number committed (ascending), "retained": those the

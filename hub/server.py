@@ -30,6 +30,7 @@ from .plan_replies import Packed, PlanReplies
 from .rpc import MAX_MESSAGE_BYTES, check_port, pack, read_or_create_token
 from .server_delta import DeltaOps
 from .server_load import HubLoad, packed_map, park_until
+from .server_waits import DEFERRED as _DEFERRED, WaitOps
 from .shard import Shard
 from .state import DONE, KEEP_OLD, PENDING, HubConfig, HubState
 from .state_records import HolderSilentError
@@ -42,7 +43,7 @@ TICK_S = 0.2
 _MORE = int(zmq.SNDMORE)
 
 
-class HubServer(DeltaOps):
+class HubServer(DeltaOps, WaitOps):
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0, token: str, journal: str,
                  config: HubConfig | None = None) -> None:
         check_port(port, bind=True)  # ZeroMQ would listen on port % 65536 while the hub names `port`
@@ -66,6 +67,7 @@ class HubServer(DeltaOps):
         # two. Until then "no holder" is not an answer: such fetches wait (parked) for them.
         self._grace_until = time.monotonic() + self.cfg.reregister_grace_s if restored else 0.0
         self._parked: list[tuple[bytes, object, str, dict, tuple[float, float]]] = []
+        self._init_waits()  # wait_latest's parked replies (hub/server_waits.py)
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -79,6 +81,8 @@ class HubServer(DeltaOps):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.rpc_count = 0
+        self.rpc_by_op: dict[str, int] = {}
+        """Control RPCs served, by operation (`stats`' rpc_by_op; logged when the hub stops)."""
         self.load = HubLoad()
         self._plans = PlanReplies(self.signer, self.load, self.cfg.ticket_ttl_s)  # signed per loop pass
         self._manifest_bytes = self._plans.manifests
@@ -97,7 +101,8 @@ class HubServer(DeltaOps):
         next_tick = time.monotonic() + TICK_S
         try:
             while not self._stop.is_set():
-                events = dict(poller.poll(max(0, int((next_tick - time.monotonic()) * 1000))))
+                wake = min(next_tick, self.waits_due)  # a parked wait_latest is answered at its deadline
+                events = dict(poller.poll(max(0, int((wake - time.monotonic()) * 1000))))
                 if self._sock in events:
                     for _ in range(256):
                         try:
@@ -108,6 +113,7 @@ class HubServer(DeltaOps):
                     self._flush_releases()
                     self._retry_parked()
                     self._plans.flush(self._reply)
+                self._answer_waits()  # a commit in this pass, or a deadline passed
                 if time.monotonic() >= next_tick:
                     self.load.tick(self.rpc_count)
                     self._expire()
@@ -118,7 +124,8 @@ class HubServer(DeltaOps):
         finally:
             self._sock.close(0)
             self.journal.close()  # checkpoints the WAL: a clean stop leaves the journal in one file
-            log.info("hub on %s stopped; journal %s closed", self.address, self.journal.path)
+            log.info("hub on %s stopped; journal %s closed; control RPCs served by op: %s", self.address,
+                     self.journal.path, dict(sorted(self.rpc_by_op.items())))
 
     def start(self) -> "HubServer":
         self._thread = threading.Thread(target=self.serve_forever, name="rlsync-hub", daemon=True)
@@ -163,6 +170,7 @@ class HubServer(DeltaOps):
                 raise E.InvalidArgumentError(f"{op}: args must be a map")
             args = check_args(op, args or {})
             self.rpc_count += 1
+            self.rpc_by_op[op] = self.rpc_by_op.get(op, 0) + 1
         except E.HubError as e:
             self._reply(ident, rid, False, [e.code, str(e)])
             return
@@ -311,13 +319,13 @@ class HubServer(DeltaOps):
 
     def op_stats(self, ident, rid):
         s = self.state.stats()
-        s.update(rpc_count=self.rpc_count, rpc_bytes_in=self.bytes_in, rpc_bytes_out=self.bytes_out)
+        s.update(rpc_count=self.rpc_count, rpc_by_op=dict(self.rpc_by_op), rpc_bytes_in=self.bytes_in,
+                 rpc_bytes_out=self.bytes_out)
         s.update(self.load.snapshot(self.rpc_count, [w.last_seen for w in self.state.workers.values()],
                                     self.state.clock()))
         return s
 
 
-_DEFERRED = object()
 KEY_SUFFIX = ".ticket-key"
 
 

@@ -55,6 +55,16 @@ def _bool(v):
     return v
 
 
+MAX_WAIT_S = 600.0
+"""Longest one `wait_latest` call may stay parked (a caller that waits longer asks again)."""
+
+
+def _wait_s(v):
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v <= MAX_WAIT_S:  # NaN fails too
+        raise Bad(f"must be seconds in [0, {MAX_WAIT_S:g}]")
+    return float(v)
+
+
 def _version_or_latest(v):
     return v if v == "latest" else _int()(v)
 
@@ -170,6 +180,7 @@ SPECS: dict[str, dict[str, tuple[Callable, bool]]] = {  # op -> argument -> (che
     "stats": {},
     "latest": {"model": (_model, True)},
     "versions": {"model": (_model, True)},
+    "wait_latest": {"model": (_model, True), "at_least": (_int(), True), "timeout_s": (_wait_s, True)},
     "join": {"name": (_str, True), "location": (_location, True), "endpoint": (_endpoint, True),
              "worker_id": (_optional(_str), False), "role": (_str, False), "follow": (_bool, False)},
     "heartbeat": {"wid": (_WID, True)},

@@ -5,6 +5,7 @@
     batch = out.to_batch(rewards, group_ids)                   # a trainer `Batch`
     engine.named_parameters_for_sync()    # name -> live tensor (no copy): the hub writes into these
     engine.load_state(tensors, version=7) # or copy weights in from a mapping
+    engine.sync_caps                      # EngineCaps: how weights may reach it (rlsync/sync/ reads this)
 
 Log-probs: after sampling, the sequences are re-scored with the trainer's own
 `rlsync.core.logprobs.token_logprobs` (one extra forward), so an unchanged policy gives an
@@ -17,11 +18,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Mapping
+from typing import ClassVar, Mapping
 
 import torch
 
 from rlsync.core.batch import Batch
+from rlsync.core.engine_caps import EngineCaps
 from rlsync.core.logprobs import token_logprobs
 
 from .registry import register_engine
@@ -58,6 +60,9 @@ class Rollout:
 
 
 class RolloutEngine:
+    sync_caps: ClassVar[EngineCaps] = EngineCaps(in_place_fetch=True, load_state=True)
+    """One process, plain torch parameters: the hub writes into them, or `load_state` copies in."""
+
     @dataclass(kw_only=True)
     class Config:
         temperature: float = 1.0

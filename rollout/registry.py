@@ -11,7 +11,8 @@ Adding an engine or a model kind is one new file that registers it; nothing else
 An engine factory gets the pool's sampling config (`pools.<name>.engine`, a `RolloutEngine.Config`),
 the model the loader built (None when the loader builds none: an engine that loads its own copy),
 the tokenizer's pad/eos ids and the run's `model` section; it returns an object with `version`,
-`generate(prompt_ids) -> Rollout` and `named_parameters_for_sync()` (the tensors the hub fetches into).
+`generate(prompt_ids) -> Rollout` and `sync_caps` (an `EngineCaps`: how weights may reach it, e.g.
+`named_parameters_for_sync()`, the tensors the hub fetches into; rlsync/sync/engine.py).
 Tasks and rewards have their registries beside them (tasks.py, rewards.py).
 """
 

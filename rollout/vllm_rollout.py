@@ -9,6 +9,7 @@
 
 Unlike the `hf` engine the hub cannot fetch into vLLM's parameters (the CPU backend repacks them),
 so weights go through the `HubWeightStage` (docs/vllm.md); `named_parameters_for_sync` refuses.
+`sync_caps` (an `EngineCaps`) says so to the weight-sync routes (rlsync/sync/).
 At `tensor_parallel_size` k > 1 (`pools.<name>.engine.tensor_parallel_size`) there is no staging: each
 vLLM TP rank joins the hub and `update_latest` makes every rank read only its slices of the version
 and apply them in place (`VllmEngine.load_version`, rollout/vllm_tp.py); no prefetch, so the read is
@@ -23,6 +24,7 @@ import logging
 import time
 from typing import Any
 
+from .engine import EngineCaps
 from .registry import register_engine
 from .vllm_engine import VllmEngine
 from .vllm_sync import HubWeightStage, SyncStats
@@ -31,9 +33,6 @@ log = logging.getLogger(__name__)
 
 
 class HubFedVllmEngine:
-    stages_weights = True
-    """Marks an engine whose weights arrive through `attach_hub` / `update_latest`, not `fetch(into=...)`."""
-
     def __init__(self, engine: VllmEngine):
         self.engine = engine
         self.stage: HubWeightStage | None = None
@@ -47,6 +46,20 @@ class HubFedVllmEngine:
     @version.setter
     def version(self, v: int) -> None:
         self.engine.set_version(v)
+
+    @property
+    def sync_caps(self) -> EngineCaps:
+        """Weights arrive through `attach_hub` / `update_latest` (staged at k = 1, TP-sliced at k > 1), never
+        `fetch(into=...)`; `load_state` (the direct apply) only at k = 1 (it sends callables to one worker)."""
+        one = self.engine.config.tensor_parallel_size == 1
+        return EngineCaps(load_state=one, staged=one, tp_sliced=not one)
+
+    def load_state(self, tensors, version: int | None = None) -> None:
+        """Apply a whole version from a name -> tensor mapping (the same direct apply the hub's stage uses;
+        the names are checked, a partial update is refused)."""
+        specs = tuple((n, tuple(t.shape)) for n, t in tensors.items())
+        self.engine.apply(iter(tensors.items()), self.engine.version if version is None else version,
+                          expect=list(tensors), specs=specs)  # tags the engine with the version
 
     def attach_hub(self, hub, model: str, follow_s: float = 0.05, layout=None) -> None:
         """Take weights from `hub` (joined); prefetch each new version as it commits. `layout`: the

@@ -47,7 +47,7 @@ def test_the_contracts_cover_the_rooms():
     text = (ROOT / "pyproject.toml").read_text()
     for must in ('source_modules = ["rlsync.hub"]', 'modules = ["rlsync.trainer", "rlsync.rollout"]',
                  'source_modules = ["rlsync.core"]', 'source_modules = ["rlsync.trainer", "rlsync.rollout"]',
-                 'source_modules = ["rlsync.sim"]'):
+                 'source_modules = ["rlsync.sim"]', 'source_modules = ["rlsync.sync"]'):
         assert must in text, must
 
 

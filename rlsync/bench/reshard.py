@@ -4,7 +4,7 @@ in other layouts fetch them; against gather-then-publish, measured in the same r
     python -m rlsync.bench reshard --json outputs/bench/reshard.json
 
 Two DeepSpeed ZeRO-3 ranks (CPU, gloo) hold a random-init Llama. Per repetition each rank
-(a) publishes its live flat partition as a shard of version v of `policy` (rlsync.workers.sharded_publish),
+(a) publishes its live flat partition as a shard of version v of `policy` (rlsync.sync.hub_sharded),
 and (b) runs the baseline: every rank all-gathers the model (`named_parameters_for_sync`) and rank 0
 publishes the gathered copy as version v of `policy_gathered`. Both publish the same way, with
 `HubClient.publish_async` (the checksum pass and the hub round trip on the client's publish thread).
@@ -49,7 +49,7 @@ def rank_main(rank: int, world: int, port: int, address: str, token: str, model_
     from rlsync.hub.reshard_read import zero_shard
     from rlsync.rollout import TinyModelConfig, build_tiny_model
     from rlsync.trainer import DeepSpeedBackend, DistConfig
-    from rlsync.workers.sharded_publish import publish_zero3
+    from rlsync.sync.hub_sharded import publish_zero3
 
     ds = DeepSpeedBackend(DeepSpeedBackend.Config(zero_stage=3, dist=DistConfig(
         world_size=world, rank=rank, master_addr="127.0.0.1", master_port=port)),

@@ -47,7 +47,7 @@ from typing import Any
 import ray
 import torch
 
-from rlsync.config import TrainConfig, as_dict, check_config, with_plugins
+from rlsync.config import TrainConfig, as_dict, check_config, route_of, with_plugins
 from rlsync.core.stall import now_ns
 from rlsync.driver.audit import PayloadAudit
 from rlsync.driver.checkpoint import CheckpointStore
@@ -62,7 +62,6 @@ from rlsync.telemetry.trace import TraceWriter
 from rlsync.workers.policy import build_policy
 from rlsync.workers.group import write_peak_rss
 from rlsync.workers.trainer_group import TrainerGroup, TrainerGroupError
-from rlsync.workers.weight_channels import DriverChannels
 from rlsync.driver.evaluation import Evaluator
 
 log = logging.getLogger(__name__)
@@ -126,7 +125,7 @@ class Driver:
                                       journal=os.path.join(self._hub_tmp, "journal.db"))
         addr, tok = self.hub.address, self.hub.token
         ckpt = CheckpointStore(self.run_dir / "checkpoints", keep=c.checkpoint.keep)
-        self.channels = DriverChannels(c, addr)  # sync.mode != hub: before any worker looks for it
+        self.channels = route_of(c).coordinator(c.sync, addr, c.timeout_s)  # before any worker looks for it
         self.trainers = TrainerGroup(c, addr, tok, self.run_dir,
                                      checkpoint_dir=lambda: str(ckpt.latest()[0]) if ckpt.latest() else None)
         self.trainers.start()

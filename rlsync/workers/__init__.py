@@ -7,6 +7,7 @@
     seed_worker.py     SeedWorker: keeps `latest` in one DC, takes hand-offs
     trainer_group.py   TrainerGroup: the trainer ranks as one group (static or elastic; elastic.py: its config)
 
-These speak to the hub on the trainer's and rollout's behalf (docs/architecture.md): `rlsync.trainer`
+These speak to the hub on the trainer's and rollout's behalf, through the run's weight-sync route
+(rlsync/sync/: `TrainerWorker.publisher`, `RolloutWorker.receiver`; docs/architecture.md): `rlsync.trainer`
 and `rlsync.rollout` never import the hub or each other.
 """

@@ -4,10 +4,10 @@
     publish() -> {version, bytes}; train(batch) -> metrics (release, step, publish);
     save_checkpoint(dir); load_checkpoint(dir) -> version; reform(...) (docs/elastic.md)
 
-Publish (`trainer.publish`, rlsync.config_rules.sharded_publish): under DeepSpeed ZeRO-3 (no elastic
-group) every rank publishes its own live partition as a shard of the version, no gather, no copy; the
-version commits when all have (docs/resharding.md). Otherwise rank 0 publishes the whole model as one
-shard (`Shard()`); under ZeRO-3 that means every rank all-gathers (a collective) first.
+How a version leaves this rank is the run's weight-sync route (rlsync/sync/, `self.publisher`): e.g.
+under DeepSpeed ZeRO-3 (`trainer.publish`, hub_sharded.py) every rank publishes its own live partition
+as a shard of the version, no gather, no copy; by default rank 0 publishes the whole model (hub_full.py;
+under ZeRO-3 every rank all-gathers, a collective, first). This file never asks which route it is.
 """
 
 from __future__ import annotations
@@ -19,14 +19,9 @@ import time
 
 import torch
 
-from rlsync.config import TrainConfig
-from rlsync.core.digest import nbytes as _nbytes, weights_digest
-from rlsync.core.events import FetchEvent
+from rlsync.config import TrainConfig, route_of, sync_shape
 from rlsync.core.stall import StallClock
-from rlsync.config_rules import sharded_publish
-from rlsync.hub.reshard_read import publish_shard, zero_shard
-from rlsync.hub.shard import Shard
-from rlsync.workers.sharded_publish import zero3_layout_of
+from rlsync.sync import Side
 from rlsync.workers.group import hub_client as _hub_client, process_setup as _process_setup, with_telemetry
 from rlsync.workers.policy import build_policy
 
@@ -69,23 +64,18 @@ class TrainerWorker:
         else:
             dist = DistConfig(world_size=t.world_size, rank=rank, master_port=master_port, timeout_s=timeout)
         self.backend = build_backend(t, dist, model)
-        self.sharded = sharded_publish(cfg)
-        # Elastic: every rank joins the hub, since after a re-form each one fetches the weights;
-        # sharded: every rank publishes its partition.
+        route = route_of(cfg)
+        # Elastic: every rank joins the hub, since after a re-form each one fetches the weights; a route
+        # whose every rank publishes (its shard, hub_sharded) too.
         self.hub = (_hub_client(cfg, hub_address, hub_token, t.location, self.worker_id)
-                    if self.rank == 0 or elastic or self.sharded else None)
-        self._shard = Shard()
-        self.published: int | None = None
-        self._backup: dict[str, torch.Tensor] | None = None  # rank 1's hub replica of the last publish
-        self._backup_version: int | None = None
+                    if self.rank == 0 or elastic or route.publisher.all_ranks_join else None)
+        side = Side(sync=cfg.sync, model=cfg.hub.model_name, hub=self.hub, clock=self.clock,
+                    hub_address=hub_address, shape=sync_shape(cfg))
+        self.publisher = route.publisher(side, self.rank, digest=elastic)
 
     def ready(self) -> dict:
         """Parameter names and shapes (metadata only: the driver's no-weights-through-Ray audit)."""
-        if self.sharded:  # full shapes from the partitions: no gather
-            shapes = {n: tuple(s) for n, (_, s) in self.backend.named_partitions_for_sync()[2].items()}
-        else:
-            shapes = {n: tuple(p.shape) for n, p in self.backend.named_parameters_for_sync().items()}
-        return {"version": self.backend.version, "shapes": shapes,
+        return {"version": self.backend.version, "shapes": self.publisher.shapes(self.backend),
                 "hub_id": self.hub.worker_id if self.hub is not None else None}
 
     def alive(self) -> int:
@@ -103,38 +93,15 @@ class TrainerWorker:
         from rlsync.trainer import DistConfig
 
         t0 = time.perf_counter()
-        e, name = self.cfg.trainer.elastic, self.cfg.hub.model_name
+        e = self.cfg.trainer.elastic
         self.release()
         self.rank = rank
-        got = {}
-
-        def load_weights(into: dict[str, torch.Tensor]) -> int:
-            latest = self.hub.latest(name)
-            if latest is not None and latest == self._backup_version:
-                # This rank holds `latest` already, as its backup replica (fetched through the hub at
-                # publish time): copy it, since a worker cannot hold two replicas of one version.
-                t = time.perf_counter()
-                for n, x in into.items():
-                    x.copy_(self._backup[n])
-                got.update(version=latest, bytes_by_source={self.hub.worker_id: _nbytes(into)},
-                           seconds=time.perf_counter() - t, digest=weights_digest(into))
-                return latest
-            # The committed latest by number: 'latest' would fall back to an older held version if
-            # every holder of the newest died, and a trainer must not silently step back.
-            r = self.hub.fetch(name, latest if latest is not None else "latest", into=into)
-            got.update(version=r.version, bytes_by_source=dict(r.bytes_by_source), seconds=r.seconds,
-                       digest=weights_digest(into))
-            self.hub.release(name, r.version)  # never written while a replica: give it back first
-            return r.version
-
+        self.publisher.rank = rank
         with self.clock.state("loading_weights"):
             dist = DistConfig(world_size=world_size, rank=rank, master_port=master_port,
                               timeout_s=e.collective_timeout_s)
-            version = self.backend.reform(dist, load_weights, lambda: build_policy(self.cfg)[0])
-        ev = FetchEvent(version=version, bytes=sum(got["bytes_by_source"].values()), seconds=got["seconds"],
-                        sources=tuple(sorted(got["bytes_by_source"])), bytes_by_source=dict(got["bytes_by_source"]),
-                        wid=self.hub.worker_id, dc=self.hub.location.dc, recover=True)
-        self.clock.event(FetchEvent.NAME, **ev.attrs())
+            version = self.backend.reform(dist, self.publisher.recover, lambda: build_policy(self.cfg)[0])
+        got = self.publisher.recovered
         opt = "reinit"
         if e.optimizer_state == "checkpoint" and optimizer_from and self.backend.load_optimizer_state(optimizer_from):
             opt = "checkpoint"
@@ -147,87 +114,27 @@ class TrainerWorker:
         self.clock.enter("waiting_data")
         return {"worker": self.worker_id, "rank": rank, "version": version, "digest": got["digest"],
                 "bytes_by_source": got["bytes_by_source"], "optimizer": opt,
-                "latest": self.hub.latest(name), "seconds": time.perf_counter() - t0}
+                "latest": self.publisher.latest(), "seconds": time.perf_counter() - t0}
 
     def publish(self) -> dict:
-        """Register the current weights in the hub as version `backend.version` (no copy); with
-        `sync.mode=object_store` put them in Ray's object store, with `broadcast` keep them for the
-        driver's `broadcast_weights` call (weight_channels.py). Sharded (`trainer.publish`): every rank
-        registers its own live ZeRO-3 partition (`bytes` = this rank's share), no gather."""
-        if self.sharded:
-            return self._publish_sharded()
-        tensors = self.backend.named_parameters_for_sync()  # a collective under ZeRO-3: every rank calls
-        v = self.backend.version
-        nbytes = _nbytes(tensors)
-        self._sync_meta = {n: (tuple(x.shape), x.dtype) for n, x in tensors.items()}
-        out = {"version": v, "bytes": nbytes}
-        mode = self.cfg.sync.mode
-        if self.rank == 0 and mode == "object_store":
-            import ray
-
-            with self.clock.state("offloading"):  # gather the state dict, one copy into the object store
-                ref = ray.put({k: x.detach().contiguous() for k, x in tensors.items()})
-                ray.get(self._board.post.remote(v, [ref]))
-            self.clock.event("publish", version=v, bytes=nbytes)
-        elif self.rank == 0 and mode == "broadcast":
-            self._to_send = (v, tensors)  # live tensors; sent before the next step writes them
-            self.clock.event("publish", version=v, bytes=nbytes)
-        elif self.rank == 0:
-            live = {k: x.contiguous() for k, x in tensors.items()}
-            if self.cfg.sync.deltas:  # v's delta from the last version (a copy of it is kept here), committed
-                self.hub.publish_delta(self.cfg.hub.model_name, v, live)  # first: an engine seeing v finds it
-            self.hub.publish(self.cfg.hub.model_name, v, live)
-            self.published = v
-            self.clock.event("publish", version=v, bytes=nbytes)
-            if self.cfg.trainer.elastic.enabled:  # what a recovery must reproduce bit for bit (docs/elastic.md)
-                out["digest"] = weights_digest(tensors)
+        """Make the current weights version `backend.version` reach the engines, the run's route's way
+        (hub: register them, no copy; object store: one copy; broadcast: kept for `sync_push`)."""
+        out = self.publisher.publish(self.backend)
         self.clock.enter("waiting_data")
         return out
 
-    def _publish_sharded(self) -> dict:
-        v = self.backend.version
-        rank, layout, live = zero3_layout_of(self.backend)
-        nbytes = sum(p.length * live[p.name].element_size() for p in layout.ranks[rank])
-        # The checksum pass runs on the client's publish thread while this rank goes on (the next
-        # forward/backward only reads the partition); release() waits for it before the step writes.
-        publish_shard(self.hub, self.cfg.hub.model_name, v, layout, rank, live, wait=False)
-        self._shard, self.published = zero_shard(rank, layout.world), v
-        self.clock.event("publish", version=v, bytes=nbytes, shard=rank)
-        self.clock.enter("waiting_data")
-        return {"version": v, "bytes": nbytes}
+    def sync_connect(self, arg=None) -> dict:
+        """The driver's set-up of the route (object store: find the board; broadcast: `arg` = (host, port,
+        world_size) of the static group). Returns {name: (shape, dtype name)}."""
+        return self.publisher.connect(self.backend, arg)
 
-    def set_channel(self, broadcast: tuple | None = None) -> dict:
-        """sync.mode object_store: find the run's `RefBoard`; broadcast: (host, port, world_size) of the static
-        group (rank 0 of it; returns once every engine has joined). Returns {name: (shape, dtype name)}."""
-        from rlsync.workers.weight_channels import GlooBroadcast, get_board
-
-        if self.cfg.sync.mode == "object_store":
-            self._board = get_board(self._hub_address)
-        if broadcast is not None and self.rank == 0:
-            host, port, world = broadcast
-            self._bcast = GlooBroadcast(host, port, 0, world, self.cfg.sync.broadcast_timeout_s)
-        return {n: (tuple(x.shape), str(x.dtype).removeprefix("torch."))
-                for n, x in self.backend.named_parameters_for_sync().items()}
-
-    def broadcast_weights(self) -> dict:
-        """sync.mode=broadcast, rank 0: send the last published version to every engine (all block)."""
-        if self.rank != 0:
-            return {}
-        v, tensors = self._to_send
-        t0 = time.perf_counter()
-        with self.clock.state("offloading"):
-            self._bcast.rendezvous(v)
-            t1 = time.perf_counter()
-            self._bcast.tensors(tensors)
-        self.clock.enter("waiting_data")
-        return {"version": v, "wait_s": t1 - t0, "send_s": time.perf_counter() - t1}
+    def sync_push(self) -> dict:
+        """The driver's call after each publish (broadcast, rank 0: send the version to every engine)."""
+        return self.publisher.push()
 
     def release(self) -> None:
         """Give the published version back before the optimizer writes the tensors (mutability contract)."""
-        if self.hub is not None and self.published is not None:
-            with self.clock.state("releasing"):
-                self.hub.release(self.cfg.hub.model_name, self.published, self._shard)
-            self.published = None
+        self.publisher.release()
 
     def train(self, batch) -> dict[str, float]:
         """Release the published version, take one step on this rank's share, publish the new version."""
@@ -248,18 +155,11 @@ class TrainerWorker:
     def _keep_backup(self, version: int) -> None:
         """Rank 1 fetches the version rank 0 just published (after a barrier: it is committed) into its
         backup buffers, which releases the previous one; other ranks drop any backup they still hold."""
-        name, dist = self.cfg.hub.model_name, torch.distributed
+        dist = torch.distributed
         on = self.cfg.trainer.elastic.backup_replica and dist.is_initialized() and dist.get_world_size() > 1
         if on:
             dist.barrier()
-        if on and self.rank == 1:
-            if self._backup is None:
-                self._backup = {n: torch.empty(s, dtype=d) for n, (s, d) in self._sync_meta.items()}
-            self.hub.fetch(name, version, into=self._backup)
-            self._backup_version = version
-        elif self._backup_version is not None:
-            self.hub.release(name, self._backup_version)
-            self._backup = self._backup_version = None
+        self.publisher.keep_backup(version, hold=on and self.rank == 1)
 
     def save_checkpoint(self, path: str) -> None:
         self.backend.save_checkpoint(path)

@@ -43,6 +43,12 @@ def test_out_of_range_versions_and_bad_coordinates_are_typed(hub, joined):
             joined.fetch(model)
         with pytest.raises(E.InvalidArgumentError, match="model"):
             joined.latest(model)
+        with pytest.raises(E.InvalidArgumentError, match="model"):
+            joined.wait_latest(model, 1, timeout_s=0)
+    for at_least, timeout_s, named in ((2**70, 0, "at_least"), (-1, 0, "at_least"), (1, -1, "timeout_s"),
+                                       (1, float("inf"), "timeout_s"), (1, "1", "timeout_s")):
+        with pytest.raises(E.InvalidArgumentError, match=f"wait_latest: {named}"):
+            joined.wait_latest("policy", at_least, timeout_s)
     with pytest.raises(E.ShardError, match="shard"):
         joined.fetch("policy", 1, shard=[0, 0, 1, 1])
     with pytest.raises(E.InvalidArgumentError, match="group"):
@@ -119,7 +125,7 @@ def test_every_op_refuses_each_wrong_typed_argument(hub, joined, op, caplog):
             "fetch_id": "f", "failed": [], "units": [0], "ok": True, "manifest": {"t": [], "u": []},
             "worker_id": "w", "role": "worker", "follow": False, "group": ["g", 1], "into_spec": [],
             "handoff": False, "base": 0, "origin": False, "have_manifests": [], "explain": False,
-            "manifest_digest": "0" * 32, "done": [], "release_deltas": [], "gone": []}
+            "manifest_digest": "0" * 32, "done": [], "release_deltas": [], "gone": [], "at_least": 1, "timeout_s": 0}
     state = hub.server.state
     before = (sorted(state.workers), sorted(state.replicas), sorted(state.fetches))
     for arg in SPECS[op]:

@@ -27,13 +27,13 @@ from rlsync.hub import errors as E
 from rlsync.hub.dataplane_wire import MAGIC, REQ, UNIT
 from rlsync.hub.demo import start_hub_process
 from rlsync.hub.procs import WorkerProcess, close_all
-from rlsync.hub.wire_args import SPECS, check_args
+from rlsync.hub.wire_args import MAX_WAIT_S, SPECS, check_args
 
 pytestmark = pytest.mark.timeout(300)
 CONTROL_FRAMES = 2000
 DATA_REQUESTS = 300
 CODES = set(E._BY_CODE) - {"hub_error"}  # every typed error; "hub_error" is the internal-error reply
-SAFE_VALID = {"ping", "stats", "latest", "versions"}  # read-only ops a frame may call validly
+SAFE_VALID = {"ping", "stats", "latest", "versions", "wait_latest"}  # read-only ops a frame may call validly
 BAD = {"bad": 1}  # refused by every argument's check (see wire_args)
 PLAUSIBLE = {  # per argument, values that pass its check, so frames reach the state machine too
     "model": st.sampled_from(["policy", "nope"]), "version": st.one_of(st.integers(0, 4), st.just("latest")),
@@ -46,7 +46,8 @@ PLAUSIBLE = {  # per argument, values that pass its check, so frames reach the s
     "into_spec": st.just([]), "base": st.integers(0, 4), "worker_id": st.just("w9.9"),
     "role": st.sampled_from(["worker", "seed", "x"]), "have_manifests": st.sampled_from([[], ["0" * 32]]),
     "explain": st.booleans(), "manifest_digest": st.just("0" * 32), "done": st.sampled_from([[], ["f1"]]),
-    "release_deltas": st.sampled_from([[], [1]]), "gone": st.sampled_from([[], ["w1.1:policy:1:tp0-pp0:live"]])}
+    "release_deltas": st.sampled_from([[], [1]]), "gone": st.sampled_from([[], ["w1.1:policy:1:tp0-pp0:live"]]), "at_least": st.integers(0, 4),
+    "timeout_s": st.sampled_from([0, 0.05])}
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**64 - 1), st.floats(allow_nan=True),
                     st.text(max_size=20), st.binary(max_size=40), st.sampled_from(["latest", "policy", "live", "seed"]))
@@ -117,6 +118,9 @@ def frames(draw, wids):
         args[name] = draw(plausible) if draw(st.integers(0, 9)) < 7 else draw(values)
     if draw(st.integers(0, 9)) == 0:
         args[draw(st.text(string.ascii_lowercase, min_size=1, max_size=6))] = draw(values)
+    t = args.get("timeout_s")
+    if op == "wait_latest" and isinstance(t, (int, float)) and not isinstance(t, bool) and 0.05 < t <= MAX_WAIT_S:
+        args["timeout_s"] = 0.05  # a valid wait parks until its timeout: keep it short (a bad one is refused at once)
     real_token = kind != "token"
     if real_token and op in SPECS and op not in SAFE_VALID:
         try:

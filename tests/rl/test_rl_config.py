@@ -230,10 +230,13 @@ def test_a_typo_fails_in_seconds_before_ray_starts_naming_the_key(tmp_path):
 
 
 def test_auto_publish_is_sharded_exactly_where_zero3_partitions_can_be_read():
-    from rlsync.config_rules import sharded_publish
+    from rlsync.config import route_of
 
     def cfg(*o):
         return to_config(_compose("+recipe=grpo_standalone", *o))
+
+    def sharded_publish(c):
+        return route_of(c).shards
 
     z3 = ("trainer.backend=deepspeed", "trainer.zero_stage=3")
     assert sharded_publish(cfg(*z3))

@@ -39,14 +39,14 @@ def test_mode_moves_every_version_through_its_channel_and_logs_eval(ray_address,
 
 def test_broadcast_refuses_a_pool_that_can_change_size(tiny_cfg):
     from rlsync.config import check_config
-    from rlsync.workers.weight_channels import SyncModeError
+    from rlsync.sync import SyncModeError
 
     cfg = tiny_cfg(**{"sync.mode": "broadcast"})
     cfg.pools["main"].policy = "spot"
     with pytest.raises(SyncModeError, match="static group"):
         check_config(cfg)
     cfg.sync.mode = "carrier_pigeon"
-    with pytest.raises(SyncModeError, match="known: hub, object_store, broadcast"):
+    with pytest.raises(SyncModeError, match="known: broadcast, hub, object_store"):
         check_config(cfg)
 
 

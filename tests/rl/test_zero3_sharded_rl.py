@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from rlsync.config_rules import sharded_publish
+from rlsync.config import route_of
 from rlsync.driver import Driver
 from rlsync.telemetry.loggers import read_jsonl
 
@@ -23,10 +23,10 @@ def _partition_bytes(cfg) -> tuple[int, int]:
     """(model bytes, most bytes one rank publishes: its partitions without padding + its layout record)."""
     from rlsync.hub.reshard import record
     from rlsync.workers.policy import build_policy
-    from rlsync.workers.sharded_publish import reader_layout
+    from rlsync.sync.hub_sharded import reader_layout
 
     model, _ = build_policy(cfg)
-    layout = reader_layout(cfg, model)
+    layout = reader_layout(model, cfg.trainer.world_size)
     per_rank = [sum(p.length * 4 for p in pieces) + len(record(layout, r)) for r, pieces in enumerate(layout.ranks)]
     return sum(p.numel() * 4 for p in model.parameters()), max(per_rank)
 
@@ -39,7 +39,7 @@ def test_zero3_ranks_publish_partitions_readers_reshard_and_grpo_learns(ray_addr
     cfg.pools["main"].size = 2
     cfg.trainer.algo.optimizer.lr = 2e-3
     cfg.task.name, cfg.task.args = "successor", {"length": 2, "symbols": "abcdef"}  # learns in tens of steps
-    assert sharded_publish(cfg)
+    assert route_of(cfg).name == "hub_sharded"
     Driver(cfg, cfg.run_dir).run()
     rows = read_jsonl(f"{cfg.run_dir}/metrics.jsonl")
     assert [r["version"] for r in rows] == list(range(1, 51))

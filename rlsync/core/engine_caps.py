@@ -1,0 +1,35 @@
+"""`EngineCaps`: how weights can get into a rollout engine, as the engine declares it.
+
+The rollout engines (rollout/engine.py, rollout/vllm_rollout.py) declare one as `sync_caps`; the weight-sync
+routes (rlsync/sync/, `caps_of`, the `WeightEngine` protocol) read it. It lives in this low room because both
+sides need it and the rollout room imports nothing of the hub or of rlsync.sync.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineCaps:
+    """How weights can get into an engine. Every engine declares one as `sync_caps`; the weight-sync routes
+    (rlsync/sync/, `caps_of`) read only this and call the methods each capability names.
+
+        RolloutEngine.sync_caps == EngineCaps(in_place_fetch=True, load_state=True)
+    """
+
+    in_place_fetch: bool = False
+    """`named_parameters_for_sync()` returns the live tensors: the hub fetches straight into them."""
+    load_state: bool = False
+    """`load_state(tensors, version=v)` copies a whole version in from a name -> tensor mapping."""
+    staged: bool = False
+    """The engine reads the hub itself through its own staging replica: `attach_hub(hub, model, layout=)`,
+    `update_latest()`, `apply_staged()` (a prefetched version: the only pause), `prefetch_latest()`, `close()`."""
+    tp_sliced: bool = False
+    """Several TP ranks each read only their slices of a version: `attach_hub`, `update_latest`, `close`
+    (no prefetch: the read is inside the pause)."""
+
+    @property
+    def reads_hub(self) -> bool:
+        """The engine takes a hub client and reads versions itself (staged or TP-sliced)."""
+        return self.staged or self.tp_sliced

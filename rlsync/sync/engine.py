@@ -1,0 +1,77 @@
+"""The engine side of the weights' path: what a receiver may ask of a rollout engine, and how it knows.
+
+An engine declares `sync_caps`, an `EngineCaps` (rlsync/core/engine_caps.py: the rollout room imports it
+from the low room, never this hub-facing one), and has the methods each capability names (`WeightEngine`).
+Receivers (rlsync/sync/*.py) read the declaration; they never probe an engine for attributes:
+
+    caps = caps_of(engine)                   # `hf`: EngineCaps(in_place_fetch=True, load_state=True)
+    if caps.reads_hub:                       # vLLM: staged (k = 1) or TP-sliced (k > 1)
+        engine.attach_hub(hub, "policy", layout=layout)
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Protocol
+
+from rlsync.core.engine_caps import EngineCaps
+
+__all__ = ["EngineCaps", "EngineCapsError", "WeightEngine", "caps_of"]
+
+
+class WeightEngine(Protocol):
+    """A rollout engine as the weights' path sees it. `version` and `sync_caps` always; the methods of
+    the capabilities it declares (an engine without a capability need not have its methods)."""
+
+    version: int
+    """The version the engine's weights are (-1: none yet)."""
+    sync_caps: EngineCaps
+
+    def named_parameters_for_sync(self) -> dict[str, Any]:
+        """in_place_fetch: name -> live tensor (no copy); the hub fetches into these."""
+
+    def load_state(self, tensors: Mapping[str, Any], version: int | None = None) -> None:
+        """load_state: copy a whole version in from a mapping (checked first: all or nothing)."""
+
+    def attach_hub(self, hub: Any, model: str, layout: Any = None) -> None:
+        """staged / tp_sliced: the engine reads `model` from this joined hub client itself."""
+
+    def update_latest(self) -> Any:
+        """staged / tp_sliced: take the hub's latest now (a `SyncStats`: fetch_s, apply_s, pause_s)."""
+
+    def apply_staged(self) -> Any:
+        """staged: apply a prefetched newer version if one is complete (a `SyncStats`), else None."""
+
+    def prefetch_latest(self) -> bool:
+        """staged: start fetching the hub's latest into staging when it is newer than the engine's."""
+
+    def close(self) -> None:
+        """staged / tp_sliced: stop reading from the hub."""
+
+
+METHODS = {"in_place_fetch": ("named_parameters_for_sync",), "load_state": ("load_state",),
+           "staged": ("attach_hub", "update_latest", "apply_staged", "prefetch_latest", "close"),
+           "tp_sliced": ("attach_hub", "update_latest", "close")}
+"""The methods each capability promises."""
+
+
+class EngineCapsError(TypeError):
+    """An engine that declares no `sync_caps`, lacks a method its capabilities promise, or lacks the
+    capability a route needs."""
+
+
+def caps_of(engine: Any) -> EngineCaps:
+    """The engine's declared `EngineCaps`, checked against its methods."""
+    caps = getattr(engine, "sync_caps", None)
+    if not isinstance(caps, EngineCaps):
+        raise EngineCapsError(f"{type(engine).__name__} declares no `sync_caps` (an EngineCaps from rollout/engine.py, "
+                              "e.g. EngineCaps(in_place_fetch=True, load_state=True)): how should weights reach it?")
+    missing = sorted({m for cap, ms in METHODS.items() if getattr(caps, cap) for m in ms
+                      if not callable(getattr(engine, m, None))})
+    if missing:
+        raise EngineCapsError(f"{type(engine).__name__} declares {caps} but has no {', '.join(missing)}")
+    return caps
+
+
+def need(caps: EngineCaps, route: str, *any_of: str) -> None:
+    """Refuse an engine that has none of the capabilities `any_of` the route `route` needs."""
+    if not any(getattr(caps, c) for c in any_of):
+        raise EngineCapsError(f"sync route {route} needs an engine with {' or '.join(any_of)}; this one declares {caps}")

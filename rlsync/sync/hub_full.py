@@ -1,0 +1,166 @@
+"""`sync.mode=hub`, whole versions: trainer rank 0 registers its live tensors as version v (no copy); each
+engine fetches `latest` from the best replica (the trainer or a peer engine) when its request needs it.
+
+    publisher: rank 0 `hub.publish(model, v, live)`; `release()` before the next step writes them
+    receiver:  ensure(min_version): one parked `hub.wait_latest(model, min_version)` (no polling), then
+               `hub.fetch(model, "latest", into=engine.named_parameters_for_sync())`; an engine that reads
+               the hub itself (vLLM: staged, or TP-sliced) gets the hub client and `update_latest()`
+
+`HubReceiver` is also the base of the delta and sharded readers (hub_delta.py, hub_sharded.py): they
+change only how one read of `latest` goes (`_read`).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from rlsync.core.digest import weights_digest
+from rlsync.core.events import FetchEvent
+from rlsync.hub import Shard
+from rlsync.hub import errors as E
+
+from .base import Side, WeightPublisher, WeightReceiver, WeightSync, register_weight_sync
+from .engine import need
+
+log = logging.getLogger(__name__)
+
+
+class HubFullPublisher(WeightPublisher):
+    def publish(self, backend: Any) -> dict:
+        v, tensors, n = self._whole(backend)
+        out = {"version": v, "bytes": n}
+        if self.rank == 0:
+            self._publish(v, {k: x.contiguous() for k, x in tensors.items()})
+            self.published = v
+            self.clock.event("publish", version=v, bytes=n)
+            if self.digest:  # what a recovery must reproduce bit for bit (docs/elastic.md)
+                out["digest"] = weights_digest(tensors)
+        return out
+
+    def _publish(self, version: int, live: dict) -> None:
+        self.hub.publish(self.model, version, live)
+
+
+class HubReceiver(WeightReceiver):
+    """An engine fed from the hub: whole versions into its parameters, or through its own staging."""
+
+    layout = None
+    """The trainer's `ShardedLayout` when it publishes ZeRO-3 partitions (hub_sharded.py), else None."""
+
+    def __init__(self, side: Side, engine: Any, *, params: Any = None, delay_s: float = 0.0):
+        super().__init__(side, engine, params=params, delay_s=delay_s)
+        need(self.caps, type(self).__name__, "in_place_fetch", "staged", "tp_sliced")
+        if self.caps.reads_hub:  # the hub cannot fetch into vLLM's repacked parameters (docs/vllm.md)
+            engine.attach_hub(self.hub, self.model, layout=self.layout)
+
+    def ensure(self, min_version: int, eager: bool = False) -> None:
+        if self.caps.staged:
+            with self.clock.state("loading_weights"):
+                staged = self.engine.apply_staged()  # a prefetched newer version: the only pause
+            if staged is not None:
+                self._record(staged)
+        if self.engine.version >= min_version:
+            if not eager:
+                return
+            latest = self.hub.latest(self.model)
+            if latest is None or latest <= self.engine.version:
+                return
+        else:
+            self._wait_for(min_version)
+        self._record(self._fetch_latest())
+
+    def _wait_for(self, min_version: int) -> None:
+        """Until `min_version` commits: one `wait_latest` parked at the hub (asked again each `sync.wait_s`)."""
+        with self.clock.state("waiting_weights"):
+            if self.delay_s:
+                time.sleep(self.delay_s)
+            while (latest := self.hub.wait_latest(self.model, min_version, self.sync.wait_s)) is None \
+                    or latest < min_version:
+                log.info("still waiting for %s v%d (latest %s)", self.model, min_version, latest)
+
+    def prefetch(self) -> None:
+        if self.caps.staged:
+            self.engine.prefetch_latest()  # fetch what is newer while this batch generates
+
+    def join(self) -> dict[str, int]:
+        """Fetch `latest` now (the planner prefers peers near this worker over the trainer); before the
+        first publish, nothing."""
+        try:
+            latest = self.hub.latest(self.model)
+        except E.UnknownModelError:  # nothing published yet (the run is starting)
+            latest = None
+        if latest is None:
+            return {}
+        got = self._fetch_latest()
+        self._record(got, join=True)
+        return dict(got.bytes_by_source)
+
+    def close(self) -> None:
+        if self.caps.reads_hub:
+            self.engine.close()  # stop prefetching first
+
+    def _fetch_latest(self, attempts: int = 8):
+        """Read `latest` into the engine; retry when the version resolved is lost meanwhile.
+
+        Race: `latest` resolves to v, then v + 1 commits and every holder of v lets it go (the
+        trainer steps, peers fetch v + 1 into the same buffers) before this read is served. v is
+        then no longer retained and the hub says so (VersionLostError); `latest` is now v + 1.
+        A retry overwrites every buffer, so a half-written v never survives.
+        """
+        for attempt in range(attempts):
+            try:
+                with self.clock.state("loading_weights"):
+                    return self._read()
+            except (E.VersionLostError, E.VersionNotRetainedError, E.TransferError) as e:
+                self.engine.version = -1  # the buffers may hold a mix now
+                self.clock.event("fetch_retry", error=type(e).__name__)
+                log.info("fetch of latest %s failed (%s); retrying (%d/%d)", self.model, e, attempt + 1, attempts)
+                with self.clock.state("waiting_weights"):
+                    time.sleep(min(2.0, 0.05 * 2 ** attempt))
+        raise RuntimeError(f"could not fetch {self.model!r} latest in {attempts} attempts")
+
+    def _read(self):
+        """One read of `latest` into the engine: a hub `FetchResult`, or the engine's `SyncStats`."""
+        if self.caps.reads_hub:
+            return self.engine.update_latest()
+        self._release_held()
+        return self.hub.fetch(self.model, "latest", into=self.engine.named_parameters_for_sync())
+
+    def _shard_of(self, key: str) -> Shard:
+        return Shard()
+
+    def _release_held(self) -> None:
+        """Release the version our buffers hold before asking for the next one (a hub race, docs/rl.md).
+
+        The hub advertises this worker as a relay of the new version the moment it plans the fetch,
+        but our data server holds that relay only after the plan is back and the old version in the
+        same buffers is released (which waits for its readers to drain). A reader planned on us in
+        between is refused, marks us suspect and re-plans, across the DC link when we are its only
+        in-DC source. Releasing first shrinks that window to one RPC reply.
+        """
+        for rid in self.hub.held_ids():
+            if rid.model == self.model and rid.slot == "live":
+                self.hub.release(self.model, rid.version, self._shard_of(rid.shard))
+
+    def _record(self, got, **extra) -> None:
+        self.engine.version = got.version
+        if self.caps.reads_hub:  # a SyncStats: the engine's fetch, apply and pause (sync/fetch_s, apply_s, pause_s)
+            self.clock.event("engine_update", version=got.version, fetch_s=got.fetch_s, apply_s=got.apply_s,
+                             pause_s=got.pause_s, fetch_wait_s=got.fetch_wait_s)
+            if not got.bytes_by_source:
+                return  # applied a version already fetched and recorded
+        ev = FetchEvent.from_result(got, wid=self.hub.worker_id, dc=self.hub.location.dc, **extra)
+        self.clock.event(FetchEvent.NAME, **ev.attrs())
+
+
+@register_weight_sync("hub_full")
+class HubFull(WeightSync):
+    """Whole versions through the hub: the default route."""
+
+    mode, order = "hub", 2
+    publisher, receiver = HubFullPublisher, HubReceiver
+
+    @classmethod
+    def misfit(cls, sync, shape) -> str | None:
+        return "publishes no deltas (sync.deltas=true: hub_delta)" if sync.deltas else None
