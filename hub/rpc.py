@@ -165,9 +165,10 @@ class RpcChannel:
         self.retried = False
         while True:
             left = deadline - time.monotonic()
-            # The first try gets its full attempt time while no hub ever answered here, or with no retry
-            # deadline (one try); otherwise every try gets at most what the deadline leaves.
-            bounded = self.retried or (self.answered and deadline > t0)
+            # The first try gets its full attempt time while no hub ever answered here, with no retry
+            # deadline (one try), or when the caller asked for a long try (`attempt_s`: a parked
+            # `wait_latest`); otherwise every try gets at most what the deadline leaves.
+            bounded = self.retried or (self.answered and deadline > t0 and attempt_s is None)
             try:
                 return self._call_once(op, min(attempt, max(0.05, left)) if bounded else attempt, args)
             except HubUnavailableError as e:
