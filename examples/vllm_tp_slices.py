@@ -54,9 +54,9 @@ def main(argv=None) -> dict:
     from transformers import LlamaForCausalLM
 
     from rlsync.hub import HubClient, Location, start_embedded_hub
-    from rlsync.hub.manifest import dtype_name
-    from rlsync.hub.reshard import zero3_layout
-    from rlsync.hub.reshard_read import publish_shard
+    from rlsync.hub.model.manifest import dtype_name
+    from rlsync.hub.reshard.layout import zero3_layout
+    from rlsync.hub.reshard.read import publish_shard
     from rlsync.rollout.vllm_engine import VllmEngine
     from rlsync.rollout.vllm_rollout import HubFedVllmEngine
     from rlsync.rollout.vllm_tp import sha256 as digest, tp_dests

@@ -13,13 +13,13 @@ Public API:
 from importlib import import_module
 
 _EXPORTS = {
-    "ClientConfig": ".client_config", "FetchResult": ".client", "HubClient": ".client", "HubError": ".errors",
-    "Location": ".location", "Manifest": ".manifest", "ManifestConfig": ".manifest", "PlannerConfig": ".planner",
-    "RetentionConfig": ".retention", "EmbeddedHub": ".server", "HubServer": ".server",
-    "start_embedded_hub": ".server", "ReplicaId": ".replica_id", "Shard": ".shard", "HubConfig": ".state", "errors": ".errors",
+    "ClientConfig": ".client.config", "FetchResult": ".client", "HubClient": ".client", "HubError": ".errors",
+    "Location": ".model.location", "Manifest": ".model.manifest", "ManifestConfig": ".model.manifest", "PlannerConfig": ".state.planner",
+    "RetentionConfig": ".state.retention", "EmbeddedHub": ".server.loop", "HubServer": ".server.loop",
+    "start_embedded_hub": ".server.loop", "ReplicaId": ".model.replica_id", "Shard": ".model.shard", "HubConfig": ".state", "errors": ".errors",
     "positive_int": ".cli_args", "positive_float": ".cli_args",
-    "ShardedLayout": ".reshard", "zero3_layout": ".reshard", "ReshardReader": ".reshard_read",
-    "publish_shard": ".reshard_read", "zero_shard": ".reshard_read", "dtype_name": ".manifest",
+    "ShardedLayout": ".reshard.layout", "zero3_layout": ".reshard.layout", "ReshardReader": ".reshard.read",
+    "publish_shard": ".reshard.read", "zero_shard": ".reshard.read", "dtype_name": ".model.manifest",
 }
 __all__ = sorted(_EXPORTS)
 

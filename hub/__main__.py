@@ -1,12 +1,12 @@
 """`python -m rlsync.hub serve ...` runs a hub; `demo` shows one at work; `doctor` lists transports;
-`calibrate` measures this host's data paths again and caches the choice (rlsync.hub.dataplane_tuning)."""
+`calibrate` measures this host's data paths again and caches the choice (rlsync.hub.dataplane.tuning)."""
 from __future__ import annotations
 
 import argparse
 import sys
 
-from . import cli_args as V
-from .logs import setup_logging
+from rlsync.hub import cli_args as V
+from rlsync.hub.logs import setup_logging
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,14 +42,14 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.cmd == "calibrate":
         setup_logging()
-        from .dataplane_tuning import REMOTE, SAME_HOST, load_or_calibrate
+        from rlsync.hub.dataplane.tuning import REMOTE, SAME_HOST, load_or_calibrate
         cal = load_or_calibrate(refresh=True)
         for c, v in sorted(cal.measured.items(), key=lambda kv: -max(kv[1], default=0)):
             print(f"{c.label:24s} {' '.join(f'{x:.2f}' for x in v)} GB/s")
         print(f"load {cal.loadavg:.1f}; same host: {cal.choice(SAME_HOST).label}; remote: {cal.choice(REMOTE).label}")
         return 0
     if a.cmd == "doctor":
-        from .transports import transport_report
+        from rlsync.hub.dataplane.transports import transport_report
         for name, ok, why in transport_report():
             print(f"{name:9s} {'available' if ok else 'unavailable'}{'' if ok else ': ' + why}")
         return 0
@@ -59,15 +59,15 @@ def main(argv: list[str] | None = None) -> int:
         setup_logging()
         return run_seed(a)
     setup_logging("WARNING")
-    from .demo import run_demo
+    from rlsync.hub.tools.demo import run_demo
     return run_demo(a.readers, a.size_mb)
 
 
 def run_serve(parser: argparse.ArgumentParser, a) -> int:
-    from .delta_plan import DeltaConfig
-    from .errors import HubError
-    from .server import serve_main
-    from .state import HubConfig
+    from rlsync.hub.delta.plan import DeltaConfig
+    from rlsync.hub.errors import HubError
+    from rlsync.hub.server.loop import serve_main
+    from rlsync.hub.state import HubConfig
     try:
         if a.port:
             V.check_listen(a.host, a.port)
@@ -87,9 +87,9 @@ def run_seed(a) -> int:
     import signal
     import threading
 
-    from .client import ClientConfig, HubClient
-    from .dataplane import DataPlaneConfig
-    from .location import Location
+    from rlsync.hub.client import ClientConfig, HubClient
+    from rlsync.hub.dataplane.config import DataPlaneConfig
+    from rlsync.hub.model.location import Location
 
     client = HubClient(a.address, token_file=a.token_file,
                        config=ClientConfig(dataplane=DataPlaneConfig(host=a.bind)))

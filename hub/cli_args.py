@@ -100,8 +100,8 @@ def check_listen(host: str, port: int) -> None:
 
 def hub_address(text: str) -> str:
     """A hub address, tcp://host:port with a port in 1..65535 (the client's own check)."""
-    from .errors import InvalidArgumentError
-    from .rpc import check_address
+    from rlsync.hub.errors import InvalidArgumentError
+    from rlsync.hub.protocol.rpc import check_address
     try:
         return check_address(text)
     except InvalidArgumentError as e:
@@ -137,8 +137,8 @@ def existing_dir(text: str) -> str:
 
 def model_name(text: str) -> str:
     """A model name the hub accepts (non-empty, no ':')."""
-    from .errors import InvalidArgumentError
-    from .wire_args import check_value
+    from rlsync.hub.errors import InvalidArgumentError
+    from rlsync.hub.protocol.args import check_value
     try:
         return check_value("latest", "model", text)
     except InvalidArgumentError as e:

@@ -34,7 +34,7 @@ def quiet_console(prefixes: tuple[str, ...], log_file: str | os.PathLike | None 
         if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
             h.addFilter(keep)
     if log_file is not None:
-        from .private_files import create_private, make_private_dirs
+        from rlsync.hub.private_files import create_private, make_private_dirs
         make_private_dirs(os.path.dirname(os.path.abspath(log_file)))  # 0700 / 0600 whatever the umask:
         create_private(log_file)  # a run's log names its hub and workers; it is this user's to read
         fh = logging.FileHandler(log_file)

@@ -327,7 +327,7 @@ def check_config(cfg: TrainConfig) -> TrainConfig:
         check_config(TrainConfig())                      # fine
         cfg.trainer.backend = "jax"; check_config(cfg)   # UnknownNameError: trainer.backend: unknown trainer backend 'jax'; known: deepspeed, torch
     """
-    from rlsync.hub.transports import transport_names
+    from rlsync.hub.dataplane.transports import transport_names
     from rlsync.pools.policies import POOL_POLICIES
     from rlsync.rollout import ENGINES, MODEL_LOADERS
     from rlsync.rollout.tasks import TASKS

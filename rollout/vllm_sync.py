@@ -40,9 +40,9 @@ from typing import Iterator
 
 import torch
 
-from rlsync.hub.reshard import ShardedLayout
-from rlsync.hub.reshard_read import ReshardReader, zero_shard
-from rlsync.hub.shard import Shard
+from rlsync.hub.reshard.layout import ShardedLayout
+from rlsync.hub.reshard.read import ReshardReader, zero_shard
+from rlsync.hub.model.shard import Shard
 
 from .vllm_engine import VllmEngine, WeightApplyError
 from .vllm_staging import WeightIntegrityError, checked_tensors, fused_staging, specs_of

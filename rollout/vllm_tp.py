@@ -10,7 +10,7 @@ Inside each worker (a process of its own under the `mp` executor) `TPSliceLoader
 `rlsync_load_slices` asks `ReshardReader.read` for the blocks vLLM's Llama/Qwen2 layers keep on this
 rank (`tp_dests`): rows of q/k/v, gate/up (column-parallel), of the embedding and the head
 (vocab-parallel); columns of o_proj and down_proj (row-parallel); norms whole. The read moves only
-the units of the trainer's shards that overlap those ranges (hub/client_partial.py), copies the runs
+the units of the trainer's shards that overlap those ranges (hub/client/partial.py), copies the runs
 into per-rank tensors, and the direct apply (`vllm_direct`) writes them into the layer buffers and
 re-packs each layer: `plan_direct` checks every block against the rank's own parameter shapes
 (`output_partition_sizes`, `input_size_per_partition`), so a model partitioned otherwise (padded
@@ -26,7 +26,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from rlsync.hub.reshard import Dest, ShardedLayout, Slice, zero3_layout
+from rlsync.hub.reshard.layout import Dest, ShardedLayout, Slice, zero3_layout
 
 EXTENSION = "rlsync.rollout.vllm_tp.TPSliceLoader"
 """`LLM(worker_extension_cls=EXTENSION)`: adds the `rlsync_*` methods to every vLLM worker."""
@@ -113,8 +113,8 @@ class TPSliceLoader:
         hub's partial reads address shards of a sharded layout only), cut here and released at once."""
         from types import SimpleNamespace
 
-        from rlsync.hub.reshard_read import ReshardReader
-        from rlsync.hub.shard import Shard
+        from rlsync.hub.reshard.read import ReshardReader
+        from rlsync.hub.model.shard import Shard
 
         if specs is not None:
             layout = zero3_layout({n: (tuple(int(x) for x in s), str(dt)) for n, (s, dt) in specs.items()}, int(world))

@@ -17,9 +17,9 @@ import threading
 from rlsync.bench import delta_agent
 from rlsync.bench.nsagent import STATE
 from rlsync.hub import ClientConfig, HubClient, Location, ManifestConfig
-from rlsync.hub.delta_plan import DeltaConfig
-from rlsync.hub.rpc import unpack
-from rlsync.hub.server import HubServer, start_embedded_hub
+from rlsync.hub.delta.plan import DeltaConfig
+from rlsync.hub.protocol.rpc import unpack
+from rlsync.hub.server.loop import HubServer, start_embedded_hub
 from rlsync.hub.state import HubConfig
 
 

@@ -20,8 +20,8 @@ import zlib
 import numpy as np
 import torch
 
-from rlsync.hub import delta as D
-from rlsync.hub.manifest import ManifestConfig, build_manifest, byte_view
+from rlsync.hub.delta import codec as D
+from rlsync.hub.model.manifest import ManifestConfig, build_manifest, byte_view
 from rlsync.rollout.models import load_smollm2
 
 

@@ -192,7 +192,7 @@ class DeepSpeedBackend(TrainerBackend):
         """ZeRO-3: (rank, world, name -> (this rank's live flat partition, the full shape)), no gather
         and no copy: the partitions DeepSpeed keeps (`p.ds_tensor`, ceil(numel / world) elements,
         the last rank's padded), updated in place by each step. A sharded publish hands these out
-        (rlsync.hub.reshard records how they map onto the full parameters)."""
+        (rlsync.hub.reshard.layout records how they map onto the full parameters)."""
         if self.config.zero_stage != 3:
             raise ValueError(f"named_partitions_for_sync needs ZeRO-3 (zero_stage is {self.config.zero_stage}): "
                              "stages 0-2 hold full parameters, use named_parameters_for_sync")

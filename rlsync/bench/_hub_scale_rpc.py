@@ -27,7 +27,7 @@ _MORE = int(zmq.SNDMORE)
 def _pack(op: str, rid: int, token: str, args: dict, raw: dict | None = None) -> bytes:
     """A request as `RpcChannel` packs it. `raw`: argument values already packed (the same bytes)."""
     if raw:
-        from rlsync.hub.server_load import packed_map
+        from rlsync.hub.server.load import packed_map
         return packed_map({"id": rid, "op": op, "token": token}, {"args": packed_map(args, raw)})
     return msgpack.packb({"id": rid, "op": op, "token": token, "args": args}, use_bin_type=True)
 
@@ -269,7 +269,7 @@ def _stop(hub: subprocess.Popen) -> None:
 def rpc_throughput(workers: int, clients: int, seconds: float, manifest, budget_s: float) -> dict:
     """Start a hub, publish `manifest` as v1, then run the phases; hub CPU and RSS from /proc. Last, a
     restart on the same journal and port, and every worker re-joining and re-registering v1 (the storm)."""
-    from rlsync.hub.rpc import RpcChannel
+    from rlsync.hub.protocol.rpc import RpcChannel
     tmp = tempfile.mkdtemp(prefix="rlsync-hubscale-")
     tok_file = os.path.join(tmp, "tok")
     procs = []

@@ -55,9 +55,9 @@ def run_chaos(kills: int = 30, hub_kills: int = 2, seed: int = 0, readers: int =
 
     from rlsync.hub import ClientConfig, HubClient, Location, ManifestConfig
     from rlsync.hub.errors import HubError
-    from rlsync.hub.dataplane import DataPlaneConfig
-    from rlsync.hub.demo import start_hub_process
-    from rlsync.hub.procs import WorkerProcess, close_all, digest, make_model
+    from rlsync.hub.dataplane.config import DataPlaneConfig
+    from rlsync.hub.tools.demo import start_hub_process
+    from rlsync.hub.tools.procs import WorkerProcess, close_all, digest, make_model
 
     rng = random.Random(seed)
     with socket.socket() as s:

@@ -33,18 +33,18 @@ class Contender(ABC):
 
 
 class RlsyncSource:
-    """The source process every rlsync contender reads from (rlsync.hub.dataplane_probe: the same
+    """The source process every rlsync contender reads from (rlsync.hub.dataplane.probe: the same
     source the data-path calibration measures against), and the reader-side state they share."""
 
     def __init__(self, size: int, chunk_bytes: int) -> None:
-        from rlsync.hub.dataplane_probe import ProbeSource
+        from rlsync.hub.dataplane.probe import ProbeSource
 
         self.probe = ProbeSource(size, chunk_bytes)
         self.endpoint, self.manifest = self.probe.endpoint, self.probe.manifest
 
     def read(self, transport_name: str | None, streams: int | None, zero_copy: bool | None = True) -> float:
-        """One read of every unit; None fields: what a client's reader picks (rlsync.hub.dataplane_tuning)."""
-        from rlsync.hub.dataplane_tuning import choose_path
+        """One read of every unit; None fields: what a client's reader picks (rlsync.hub.dataplane.tuning)."""
+        from rlsync.hub.dataplane.tuning import choose_path
 
         transport, streams = choose_path(self.probe.mine, self.endpoint, transport_name, streams, zero_copy)
         return self.probe.read(transport, streams)
@@ -63,7 +63,7 @@ class RlsyncContender(Contender):
 
     def setup(self) -> None:
         from rlsync.hub.errors import TransportUnavailableError
-        from rlsync.hub.transports import get_transport
+        from rlsync.hub.dataplane.transports import get_transport
 
         if self.transport is None:
             return

@@ -1,5 +1,5 @@
 """Agent commands for the federated cross-DC benchmark (`python -m rlsync.bench fedcrossdc`): run a
-federation gateway (rlsync.hub.federation.Gateway) in this emulated host and wait for its commits.
+federation gateway (rlsync.hub.federation.gateway.Gateway) in this emulated host and wait for its commits.
 Registered in the agent's command registry (rlsync/bench/nsagent.py imports this module)."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from .nsagent import STATE, command
 
 def _client_cfg(ip: str, transport: str | None, streams: int, chunk_mib: float, io_timeout_s: float):
     from rlsync.hub import ClientConfig, ManifestConfig
-    from rlsync.hub.dataplane import DataPlaneConfig
+    from rlsync.hub.dataplane.config import DataPlaneConfig
     return ClientConfig(transport=transport, dataplane=DataPlaneConfig(host=ip, streams=streams, io_timeout_s=io_timeout_s),
                         manifest=ManifestConfig(chunk_bytes=int(chunk_mib * (1 << 20))))
 
@@ -23,7 +23,7 @@ def _gateway_start(home: dict, local: dict, ip: str, location: dict, transport: 
     """Start this DC's gateway: a client of the home hub and of this DC's hub, following `policy`
     (`deltas`: bring a version across as its delta when the home hub says so)."""
     from rlsync.hub import HubClient, Location
-    from rlsync.hub.federation import Gateway, GatewayConfig
+    from rlsync.hub.federation.gateway import Gateway, GatewayConfig
 
     seen: dict[int, float] = {}
     cond = threading.Condition()

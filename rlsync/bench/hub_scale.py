@@ -32,19 +32,20 @@ import time
 import logging
 
 from rlsync.bench import register_scenario
-from rlsync.hub.location import Location
-from rlsync.hub.manifest import Manifest, TensorSpec, Unit
-from rlsync.hub.shard import Shard
+from rlsync.hub.model.location import Location
+from rlsync.hub.model.manifest import Manifest, TensorSpec, Unit
+from rlsync.hub.model.shard import Shard
 from rlsync.hub.state import HubConfig, HubState
-from rlsync.hub import server as hub_server, wire_args
-from rlsync.hub.rpc import pack, unpack
-from rlsync.hub.wire_args import check_args
+from rlsync.hub.server import loop as hub_server
+from rlsync.hub.protocol import args as wire_args
+from rlsync.hub.protocol.rpc import pack, unpack
+from rlsync.hub.protocol.args import check_args
 
 # The same benchmark runs against a checkout from before issue 19 (the "before" figures of docs/scale.md),
 # which had neither of these: the server's GC thresholds, the manifest parse cache.
 serving_gc = getattr(hub_server, "serving_gc", lambda: None)
 KnownManifests = None
-if hasattr(hub_server, "KnownManifests"):  # the server decodes requests through it (hub/known_manifests.py)
+if hasattr(hub_server, "KnownManifests"):  # the server decodes requests through it (hub/server/known_manifests.py)
     KnownManifests = hub_server.KnownManifests
 manifest_from_wire = getattr(wire_args, "manifest_from_wire", Manifest.from_wire)
 

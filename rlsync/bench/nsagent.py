@@ -126,10 +126,10 @@ def _hub_start(name: str, ip: str, planner: dict | None = None, only_hosts: list
     import tempfile
 
     from rlsync.hub import HubConfig, PlannerConfig
-    from rlsync.hub.server import HubServer
+    from rlsync.hub.server.loop import HubServer
 
     planner = {**(planner or {}), "source_hosts": tuple(only_hosts or ())}
-    from rlsync.hub.delta_plan import DeltaConfig
+    from rlsync.hub.delta.plan import DeltaConfig
     cfg = HubConfig(planner=PlannerConfig(**planner), worker_timeout_s=worker_timeout_s,
                     delta=DeltaConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in (delta or {}).items()}))
     token = secrets.token_hex(16)
@@ -149,7 +149,7 @@ def _hub_stats(name: str) -> dict:
 def _join(client: str, address: str, token: str, ip: str, location: dict, transport: str | None = None,
           streams: int = 2, chunk_mib: float = 8.0, io_timeout_s: float = 30.0, name: str = "worker") -> str:
     from rlsync.hub import ClientConfig, HubClient, Location, ManifestConfig
-    from rlsync.hub.dataplane import DataPlaneConfig
+    from rlsync.hub.dataplane.config import DataPlaneConfig
 
     cfg = ClientConfig(transport=transport, dataplane=DataPlaneConfig(host=ip, streams=streams,
                                                                    io_timeout_s=io_timeout_s),
@@ -205,7 +205,7 @@ def _join_and_fetch(join: dict, fetch: dict) -> dict:
 
 @command("transports")
 def _transports() -> list[str]:
-    from rlsync.hub.transports import available_transports
+    from rlsync.hub.dataplane.transports import available_transports
     return available_transports()
 
 

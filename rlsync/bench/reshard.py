@@ -46,7 +46,7 @@ def rank_main(rank: int, world: int, port: int, address: str, token: str, model_
 
     torch.set_num_threads(1)
     from rlsync.hub import HubClient, Location, Shard
-    from rlsync.hub.reshard_read import zero_shard
+    from rlsync.hub.reshard.read import zero_shard
     from rlsync.rollout import TinyModelConfig, build_tiny_model
     from rlsync.trainer import DeepSpeedBackend, DistConfig
     from rlsync.sync.hub_sharded import publish_zero3
@@ -127,7 +127,7 @@ class Ranks:
 def tp_dests(names: list[str], k: int, parts: int = 2):
     """A vLLM-like TP rank's destinations: fused qkv and gate_up row blocks, o/down column blocks,
     embed_tokens and lm_head row blocks (vocabulary-parallel), everything else (norms) whole."""
-    from rlsync.hub.reshard import Dest, Slice
+    from rlsync.hub.reshard.layout import Dest, Slice
 
     out, used = [], set()
     for n in names:
@@ -169,9 +169,9 @@ def same_bytes(a, b) -> bool:
 def run(hidden: int, layers: int, reps: int, readers: int, command: str = "") -> dict:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from rlsync.hub import HubClient, Location, start_embedded_hub
-    from rlsync.hub.manifest import dtype_name
-    from rlsync.hub.reshard import zero3_layout
-    from rlsync.hub.reshard_read import ReshardReader
+    from rlsync.hub.model.manifest import dtype_name
+    from rlsync.hub.reshard.layout import zero3_layout
+    from rlsync.hub.reshard.read import ReshardReader
     from rlsync.rollout import TinyModelConfig, build_tiny_model
 
     model_kw = model_config(hidden, layers)

@@ -1,4 +1,4 @@
-"""`crossdc --delta --federated`: the crossdc --delta workload with a hub per DC (hub/federation.py):
+"""`crossdc --delta --federated`: the crossdc --delta workload with a hub per DC (hub/federation/gateway.py):
 a version's delta crosses the DC link once (dc1's gateway fetches it) and dc1's readers' control
 traffic stays inside dc1 (they know only dc1's hub).
 

@@ -1,4 +1,4 @@
-"""`python -m rlsync.bench fedcrossdc`: the crossdc workload with a hub per DC (hub/federation.py)
+"""`python -m rlsync.bench fedcrossdc`: the crossdc workload with a hub per DC (hub/federation/gateway.py)
 vs one hub for both DCs, on the same emulated topology in the same run.
 
     python -m rlsync.bench fedcrossdc --json outputs/bench/fedcrossdc.json

@@ -91,9 +91,9 @@ def judge(series: list[dict], cfg: SoakConfig) -> dict | None:
 
 def run_soak(cfg: SoakConfig) -> dict:
     from rlsync.hub import ClientConfig, HubClient, ManifestConfig
-    from rlsync.hub.dataplane import DataPlaneConfig
-    from rlsync.hub.demo import start_hub_process
-    from rlsync.hub.procs import WorkerProcess, close_all, digest, make_model
+    from rlsync.hub.dataplane.config import DataPlaneConfig
+    from rlsync.hub.tools.demo import start_hub_process
+    from rlsync.hub.tools.procs import WorkerProcess, close_all, digest, make_model
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -4,7 +4,7 @@
 
 Contenders, all measured in one run, each moving `--size` bytes from one process to another:
 - `rlsync default`: the path a client's reader takes towards a same-host peer, chosen by the
-  host's data-path calibration (rlsync.hub.dataplane_tuning; `--recalibrate` measures it anew first);
+  host's data-path calibration (rlsync.hub.dataplane.tuning; `--recalibrate` measures it anew first);
 - every candidate that calibration chooses among: rlsync `tcp` (native engine) with 1, 2, 4 streams,
   each with the source's zero-copy send and with its copying send, rlsync `tcp-py` and rlsync `shm`.
   In every rlsync row a source process holds the bytes as a full replica behind a real
@@ -91,9 +91,9 @@ def _paired(figures: dict[str, Figure], a: str | None, b: str | None) -> float |
 
 def run(size: int, reps: int, streams: int | None, skip: set[str], cache: Path, command: str = "",
         chunk_bytes: int | None = None, recalibrate: bool = False) -> dict:
-    from rlsync.hub.dataplane_tuning import CANDIDATES, SAME_HOST, load_or_calibrate
-    from rlsync.hub.engine_build import identity, warn_if_stale
-    from rlsync.hub.manifest import ManifestConfig
+    from rlsync.hub.dataplane.tuning import CANDIDATES, SAME_HOST, load_or_calibrate
+    from rlsync.hub.dataplane.native import identity, warn_if_stale
+    from rlsync.hub.model.manifest import ManifestConfig
 
     chunk_bytes = chunk_bytes or ManifestConfig().chunk_bytes
     load_cal = os.getloadavg()
@@ -211,7 +211,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--skip", action="append", default=[],
                    help="contender to leave out: default, tcp (zero-copy rows), copy-send, tcp-py, shm, iperf3, mooncake")
     p.add_argument("--recalibrate", action="store_true",
-                   help="measure the data path anew first (rlsync.hub.dataplane_tuning) instead of the host's cached choice")
+                   help="measure the data path anew first (rlsync.hub.dataplane.tuning) instead of the host's cached choice")
     p.add_argument("--cache", type=Path, default=Path(os.environ.get("RLSYNC_BENCH_CACHE", "~/.cache/rlsync/bench")),
                    help="where set-up keeps the Mooncake venv")
     p.add_argument("--json", type=Path, help="write every figure and the ratios here")

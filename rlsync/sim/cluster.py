@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from rlsync.hub import errors as E
-from rlsync.hub.manifest import Manifest, TensorSpec, Unit
-from rlsync.hub.shard import Shard
+from rlsync.hub.model.manifest import Manifest, TensorSpec, Unit
+from rlsync.hub.model.shard import Shard
 from rlsync.hub.state import DONE, PENDING, SEED, HubConfig, HubState, Plan
 
 from .engine import Engine, Flow, Transfer

@@ -1,11 +1,11 @@
 """`python -m rlsync.sim federation`: one cross-DC weight update at paper scale over 10 DCs, one hub
-for every DC vs a hub per DC (hub/federation.py), the same engines, links and shard.
+for every DC vs a hub per DC (hub/federation/gateway.py), the same engines, links and shard.
 
 - one hub: the paper's crossdc workload (rlsync/sim/paper.py): one real `HubState` plans every read
   of every DC (its cross-DC rule sends one transfer into each DC, then relays fan out inside it).
 - a hub per DC: dc0's hub is the home of the model (the trainer's replicas and dc0's engines); each
   other DC has its own real `HubState` and a gateway node. What the gateway does is what
-  `rlsync.hub.federation.Gateway` does: it polls the home hub's latest (at a uniformly random phase
+  `rlsync.hub.federation.gateway.Gateway` does: it polls the home hub's latest (at a uniformly random phase
   of `poll_ms`), fetches the version from the home hub (which plans that read: the only bytes that
   cross into its DC), then publishes it to its DC's hub (the commit there); only then do that DC's
   engines fetch, from their own hub, which plans every read inside the DC.
@@ -20,7 +20,7 @@ from __future__ import annotations
 import random
 from dataclasses import asdict
 
-from rlsync.hub.planner import PlannerConfig
+from rlsync.hub.state.planner import PlannerConfig
 from rlsync.hub.state import HubConfig
 
 from .cluster import SimCluster

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rlsync.hub.location import Location
+from rlsync.hub.model.location import Location
 
 
 @dataclass(frozen=True, slots=True)

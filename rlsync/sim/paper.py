@@ -27,8 +27,8 @@ from __future__ import annotations
 import random
 from dataclasses import asdict, dataclass, fields
 
-from rlsync.hub.planner import PlannerConfig
-from rlsync.hub.shard import Shard
+from rlsync.hub.state.planner import PlannerConfig
+from rlsync.hub.model.shard import Shard
 from rlsync.hub.state import HubConfig
 
 from . import baselines

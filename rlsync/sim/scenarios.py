@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from rlsync.hub.planner import PlannerConfig
+from rlsync.hub.state.planner import PlannerConfig
 from rlsync.hub.state import HubConfig
 
 from .cluster import SimCluster, bytes_per_s

@@ -1,16 +1,16 @@
 """A test-only reference for the hub's indexed state: the scan-over-every-table queries it replaced.
 
-`ScanState` is `HubState` with each indexed query (hub/state_index.py) answered by the plain scan the
+`ScanState` is `HubState` with each indexed query (hub/state/index.py) answered by the plain scan the
 hub used before issue 19 (plans, retention, expiry and drops then read only the scans).
 tests/hub/test_scale_equivalence.py runs random operation sequences on both and compares everything.
 """
 from __future__ import annotations
 
-from rlsync.hub import retention
-from rlsync.hub.location import CROSS_DC
-from rlsync.hub.planner import Planner, Source
-from rlsync.hub.replica_id import ReplicaId
-from rlsync.hub.retention import drop_seed
+from rlsync.hub.state import retention
+from rlsync.hub.model.location import CROSS_DC
+from rlsync.hub.state.planner import Planner, Source
+from rlsync.hub.model.replica_id import ReplicaId
+from rlsync.hub.state.retention import drop_seed
 from rlsync.hub.state import PENDING, HubState
 
 

@@ -16,7 +16,7 @@ import zmq
 
 from rlsync.hub import ClientConfig, HubClient, Location, Shard
 from rlsync.hub import errors as E
-from rlsync.hub.wire_args import SPECS, Bad
+from rlsync.hub.protocol.args import SPECS, Bad
 
 W = {"w": torch.arange(64, dtype=torch.float32)}
 
@@ -162,7 +162,7 @@ def test_join_twice_is_already_joined_and_changes_nothing(hub, joined):
 def test_releasing_the_last_seed_copy_of_a_retained_version_is_typed_and_changes_nothing():
     """A seed copy that is the only full replica of a retained version cannot be released (it would
     lose the version): LastReplicaError, over the wire as `last_replica`; the replica stays."""
-    from rlsync.hub.manifest import ManifestConfig, build_manifest
+    from rlsync.hub.model.manifest import ManifestConfig, build_manifest
     from rlsync.hub.state import DONE, SEED, HubConfig, HubState
 
     s = HubState(HubConfig())

@@ -10,8 +10,8 @@ import zmq
 
 from rlsync.hub import HubClient, Location, Shard
 from rlsync.hub import errors as E
-from rlsync.hub.dataplane_wire import MAGIC, REQ, UNIT
-from rlsync.hub.tickets import ReaderKey, Ticket, TicketSigner
+from rlsync.hub.dataplane.wire import MAGIC, REQ, UNIT
+from rlsync.hub.protocol.tickets import ReaderKey, Ticket, TicketSigner
 
 W = {"w": torch.arange(4096, dtype=torch.float32), "b": torch.ones(3)}
 

@@ -15,9 +15,9 @@ import torch
 
 from rlsync.hub import ClientConfig, HubClient, Location, ManifestConfig
 from rlsync.hub import errors as E
-from rlsync.hub.reshard import Dest, Slice, zero3_layout
-from rlsync.hub.reshard_read import ReshardReader, publish_shard
-from rlsync.hub.server import start_embedded_hub
+from rlsync.hub.reshard.layout import Dest, Slice, zero3_layout
+from rlsync.hub.reshard.read import ReshardReader, publish_shard
+from rlsync.hub.server.loop import start_embedded_hub
 
 pytestmark = pytest.mark.timeout(300)
 OPS_PER_SEED = 1100  # x 2 seeds in CI: >= 2,000 mixed operations

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from rlsync.hub import ClientConfig, HubClient, Location, ManifestConfig
-from rlsync.hub import client_fetch as client_mod  # the module whose fetch reads from sources
+from rlsync.hub.client import fetch as client_mod  # the module whose fetch reads from sources
 from rlsync.hub import errors as E
-from rlsync.hub.server import start_embedded_hub
+from rlsync.hub.server.loop import start_embedded_hub
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -133,7 +133,7 @@ def test_an_aborted_relay_is_drained_before_its_buffers_are_reused(hub, make_cli
     (before the fix: 'failed its checksum' at the downstream reader, then a re-plan)."""
     import threading
 
-    from rlsync.hub.dataplane import DataPlaneConfig
+    from rlsync.hub.dataplane.config import DataPlaneConfig
     chunked = ClientConfig(manifest=ManifestConfig(chunk_bytes=4096, pack_below=0))
     trainer = make_client(host="t", rack="r-t", name="trainer", config=chunked)
     trainer.publish("policy", 1, {"w": torch.arange(8192, dtype=torch.float32)})

@@ -17,9 +17,9 @@ import pytest
 
 from rlsync.hub import HubClient, HubConfig, HubServer
 from rlsync.hub import errors as E
-from rlsync.hub.federation import GatewayConfig
-from rlsync.hub.journal import Journal
-from rlsync.hub.rpc import read_or_create_token
+from rlsync.hub.federation.gateway import GatewayConfig
+from rlsync.hub.server.journal import Journal
+from rlsync.hub.protocol.rpc import read_or_create_token
 
 GW = ["rlsync.hub.federation", "--home", "tcp://127.0.0.1:1", "--home-token-file", "{tok}",
       "--local", "tcp://127.0.0.1:2", "--local-token-file", "{tok}", "--dc", "dc1"]

@@ -16,13 +16,14 @@ import pytest
 import torch
 
 from rlsync.hub import errors as E
-from rlsync.hub.dataplane import DataPlaneConfig, DataServer, read_from_source
-from rlsync.hub.manifest import ManifestConfig, build_manifest
-from rlsync.hub.store import LocalReplica, ReplicaStore
-from rlsync.hub.tickets import ReaderKey, Ticket, TicketSigner, TicketVerifier
-from rlsync.hub.transports import choose_transport, cuda, get_transport
-from rlsync.hub.transports import cuda_logic as C
-from rlsync.hub.transports.tcp_py import PyTcpTransport
+from rlsync.hub.dataplane.config import DataPlaneConfig
+from rlsync.hub.dataplane.transfer import DataServer, read_from_source
+from rlsync.hub.model.manifest import ManifestConfig, build_manifest
+from rlsync.hub.dataplane.store import LocalReplica, ReplicaStore
+from rlsync.hub.protocol.tickets import ReaderKey, Ticket, TicketSigner, TicketVerifier
+from rlsync.hub.dataplane.transports import choose_transport, cuda, get_transport
+from rlsync.hub.dataplane.transports import cuda_logic as C
+from rlsync.hub.dataplane.transports.tcp_py import PyTcpTransport
 
 
 # --------------------------------------------------------------------------- capability

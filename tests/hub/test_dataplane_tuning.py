@@ -1,4 +1,4 @@
-"""The data path chosen by measurement (rlsync.hub.dataplane_tuning): the choice is a pure function of
+"""The data path chosen by measurement (rlsync.hub.dataplane.tuning): the choice is a pure function of
 the measured numbers, the cache round-trips, a real calibration runs every candidate path, and the
 native engine serves both send modes the calibration can pick, bit-exact."""
 from __future__ import annotations
@@ -7,20 +7,22 @@ import json
 
 import pytest
 
-from rlsync.hub import dataplane_tuning as T
+from rlsync.hub.dataplane import tuning as T
 from rlsync.hub import errors as E
-from rlsync.hub.transports import get_transport
-from rlsync.hub.transports.tcp_native import NativeTcpTransport
+from rlsync.hub.dataplane.transports import get_transport
+from rlsync.hub.dataplane.transports.tcp_native import NativeTcpTransport
 
 import os
 import time
 
 import torch
 
-from rlsync.hub.dataplane import DataPlaneConfig, DataServer, read_from_source
-from rlsync.hub.manifest import ManifestConfig, allocate, build_manifest
-from rlsync.hub.store import LocalReplica, ReplicaStore
-from rlsync.hub.tickets import ReaderKey, Ticket, TicketSigner, TicketVerifier
+from rlsync.hub.dataplane.config import DataPlaneConfig
+
+from rlsync.hub.dataplane.transfer import DataServer, read_from_source
+from rlsync.hub.model.manifest import ManifestConfig, allocate, build_manifest
+from rlsync.hub.dataplane.store import LocalReplica, ReplicaStore
+from rlsync.hub.protocol.tickets import ReaderKey, Ticket, TicketSigner, TicketVerifier
 
 P = T.PathChoice
 TCP2Z, TCP2C, TCP1Z, TCP4C = P("tcp", 2, True), P("tcp", 2, False), P("tcp", 1, True), P("tcp", 4, False)
@@ -181,7 +183,7 @@ def test_a_stale_native_engine_is_told_and_calibrated_apart(tmp_path, monkeypatc
     """An engine built from other csrc/ than the checkout's says so, and its calibration is its own."""
     from types import SimpleNamespace
 
-    from rlsync.hub import engine_build as B
+    from rlsync.hub.dataplane import native as B
 
     for f in B.SOURCES:
         (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)

@@ -8,9 +8,9 @@ import pytest
 
 from rlsync.hub import ClientConfig, HubClient, Location, ManifestConfig
 from rlsync.hub import errors as E
-from rlsync.hub.dataplane import DataPlaneConfig
-from rlsync.hub.procs import WorkerProcess, close_all, digest
-from rlsync.hub.server import start_embedded_hub
+from rlsync.hub.dataplane.config import DataPlaneConfig
+from rlsync.hub.tools.procs import WorkerProcess, close_all, digest
+from rlsync.hub.server.loop import start_embedded_hub
 
 pytestmark = pytest.mark.timeout(120)
 KILL_TO_READ_S = 2.0  # issue 30's bound (a default heartbeat expiry is 15 s + 5 s grace)
@@ -90,7 +90,7 @@ def test_a_stalled_source_is_not_taken_for_dead(shape):
     """SIGSTOP: the port still accepts connections (the kernel's backlog), so it is a stall, not a death."""
     import os
     import signal
-    from rlsync.hub.dataplane import refuses
+    from rlsync.hub.dataplane.transfer import refuses
 
     hub, trainer, old, reader, v1 = shape
     host, port = hub.server.state.workers[trainer.wid].endpoint["tcp"].rsplit(":", 1)

@@ -1,14 +1,15 @@
-"""Delta encoding (hub/delta.py) and the hub's full-or-delta choice (hub/delta_plan.py, state_deltas.py).
+"""Delta encoding (hub/delta/codec.py) and the hub's full-or-delta choice (hub/delta/plan.py, state_deltas.py).
 Pure logic, milliseconds."""
 import pytest
 import torch
 
 from rlsync.hub import errors as E
-from rlsync.hub import delta as D
-from rlsync.hub.delta_plan import DeltaConfig, choose, delta_base, delta_model, tensor_name
-from rlsync.hub.location import Location
-from rlsync.hub.manifest import ManifestConfig, build_manifest, byte_view
-from rlsync.hub.shard import Shard
+from rlsync.hub.delta import codec as D
+from rlsync.hub.delta.plan import DeltaConfig, choose, delta_base, tensor_name
+from rlsync.hub.model.names import delta_model
+from rlsync.hub.model.location import Location
+from rlsync.hub.model.manifest import ManifestConfig, build_manifest, byte_view
+from rlsync.hub.model.shard import Shard
 from rlsync.hub.state import HubConfig, HubState
 
 SMALL = ManifestConfig(chunk_bytes=4096, pack_below=512, pack_bytes=2048)

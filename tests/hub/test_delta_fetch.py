@@ -1,4 +1,4 @@
-"""Delta fetch end to end (hub/client_delta.py): real clients, sockets and data plane on loopback.
+"""Delta fetch end to end (hub/client/deltas.py): real clients, sockets and data plane on loopback.
 
 Bit-exact against a full fetch of the same version; a reader two versions behind takes a chain; a
 delta that does not apply fails typed and leaves the held version intact and served; relays forward
@@ -9,14 +9,15 @@ import pytest
 import torch
 
 from rlsync.hub import ClientConfig, HubClient, Location, ManifestConfig
-from rlsync.hub import delta as D
+from rlsync.hub.delta import codec as D
 from rlsync.hub import errors as E
-from rlsync.hub.dataplane import DataPlaneConfig
-from rlsync.hub.delta_plan import DeltaConfig, delta_model, tensor_name
-from rlsync.hub.manifest import build_manifest, byte_view
-from rlsync.hub.procs import WorkerProcess, close_all
-from rlsync.hub.server import start_embedded_hub
-from rlsync.hub.shard import Shard
+from rlsync.hub.dataplane.config import DataPlaneConfig
+from rlsync.hub.delta.plan import DeltaConfig, tensor_name
+from rlsync.hub.model.names import delta_model
+from rlsync.hub.model.manifest import build_manifest, byte_view
+from rlsync.hub.tools.procs import WorkerProcess, close_all
+from rlsync.hub.server.loop import start_embedded_hub
+from rlsync.hub.model.shard import Shard
 from rlsync.hub.state import HubConfig
 
 from test_delta import model, real_like_step  # tests/hub is on sys.path (pytest's rootdir-less import)

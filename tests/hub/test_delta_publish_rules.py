@@ -6,8 +6,9 @@ import torch
 
 from rlsync.hub import ClientConfig, HubClient, Location, ManifestConfig
 from rlsync.hub import errors as E
-from rlsync.hub.delta_plan import DeltaConfig, delta_model
-from rlsync.hub.server import start_embedded_hub
+from rlsync.hub.delta.plan import DeltaConfig
+from rlsync.hub.model.names import delta_model
+from rlsync.hub.server.loop import start_embedded_hub
 from rlsync.hub.state import HubConfig
 
 from test_delta import model, real_like_step  # tests/hub is on sys.path (pytest's rootdir-less import)

@@ -8,11 +8,11 @@ import time
 import pytest
 
 from rlsync.hub import ClientConfig, HubClient, Location, ManifestConfig
-from rlsync.hub.dataplane import DataPlaneConfig
-from rlsync.hub.demo import start_hub_process
-from rlsync.hub.planner import PlannerConfig
-from rlsync.hub.procs import WorkerProcess, close_all
-from rlsync.hub.server import start_embedded_hub
+from rlsync.hub.dataplane.config import DataPlaneConfig
+from rlsync.hub.tools.demo import start_hub_process
+from rlsync.hub.state.planner import PlannerConfig
+from rlsync.hub.tools.procs import WorkerProcess, close_all
+from rlsync.hub.server.loop import start_embedded_hub
 from rlsync.hub.state import HubConfig
 
 pytestmark = pytest.mark.timeout(300)
@@ -100,7 +100,7 @@ def test_fetch_right_after_a_hub_restart_waits_for_re_registration(tmp_path, pro
         got1 = reader.fetch("policy", 1)   # v1 is no longer `latest`: held by the trainer only
         got2 = reader.fetch("policy", "latest")
         assert (got1.version, got2.version) == (1, 2)
-        from rlsync.hub.procs import digest
+        from rlsync.hub.tools.procs import digest
         assert digest(got1.tensors) == pub1["digest"] and digest(got2.tensors) == pub2["digest"]
         assert set(got1.bytes_by_source) == set(got2.bytes_by_source) == {trainer.wid}
         reader.leave()
@@ -144,8 +144,8 @@ def test_registering_a_replica_the_hub_still_sees_as_a_fetch_completes_it():
     import torch
 
     from rlsync.hub import errors as E
-    from rlsync.hub.manifest import build_manifest
-    from rlsync.hub.shard import Shard
+    from rlsync.hub.model.manifest import build_manifest
+    from rlsync.hub.model.shard import Shard
     from rlsync.hub.state import DONE, HubState
     s = HubState(HubConfig())
     t, r = s.join("t", Location(host="t"), {}), s.join("r", Location(host="r"), {})
@@ -247,7 +247,7 @@ def test_a_publish_committed_by_a_hub_that_died_before_answering_is_recognised(t
 
     import torch
 
-    from rlsync.hub.server import _DEFERRED
+    from rlsync.hub.server.loop import _DEFERRED
     kw = dict(port=free_port(), journal=str(tmp_path / "journal.db"), token="t" * 48)
     hub = start_embedded_hub(**kw)
     trainer = HubClient(hub.address, hub.token, config=ClientConfig(hub_deadline_s=30.0))

@@ -10,11 +10,11 @@ import torch
 
 from rlsync.hub import ClientConfig, HubClient, Location, ManifestConfig
 from rlsync.hub import errors as E
-from rlsync.hub.dataplane import DataPlaneConfig
-from rlsync.hub.demo import start_hub_process
-from rlsync.hub.planner import PlannerConfig
-from rlsync.hub.procs import WorkerError, WorkerProcess, close_all, digest
-from rlsync.hub.server import start_embedded_hub
+from rlsync.hub.dataplane.config import DataPlaneConfig
+from rlsync.hub.tools.demo import start_hub_process
+from rlsync.hub.state.planner import PlannerConfig
+from rlsync.hub.tools.procs import WorkerError, WorkerProcess, close_all, digest
+from rlsync.hub.server.loop import start_embedded_hub
 from rlsync.hub.state import HubConfig
 
 pytestmark = pytest.mark.timeout(240)
@@ -166,8 +166,8 @@ def test_hub_kill9_restart_recovers_workers_and_never_reuses_versions(tmp_path, 
 
 
 def test_replan_never_routes_to_a_downstream_relay():
-    from rlsync.hub.manifest import build_manifest
-    from rlsync.hub.shard import Shard
+    from rlsync.hub.model.manifest import build_manifest
+    from rlsync.hub.model.shard import Shard
     from rlsync.hub.state import HubState
     s = HubState(HubConfig(planner=PlannerConfig(fanout_cap=1, max_sources=1)))
     w = {n: s.join(n, Location(host=n), {}) for n in ("t", "a", "b")}

@@ -12,9 +12,9 @@ import sys
 import pytest
 
 from rlsync.hub import ClientConfig, HubClient, ManifestConfig
-from rlsync.hub.dataplane import DataPlaneConfig
-from rlsync.hub.demo import start_hub_process
-from rlsync.hub.procs import WorkerProcess, close_all, digest, make_model
+from rlsync.hub.dataplane.config import DataPlaneConfig
+from rlsync.hub.tools.demo import start_hub_process
+from rlsync.hub.tools.procs import WorkerProcess, close_all, digest, make_model
 
 pytestmark = pytest.mark.timeout(240)
 

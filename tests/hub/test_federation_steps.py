@@ -4,8 +4,8 @@ its copy instead of looping. The process-level behaviour is in test_federation.p
 import torch
 
 from rlsync.hub import ClientConfig, HubClient, Location, start_embedded_hub
-from rlsync.hub.federation import Gateway, GatewayConfig
-from rlsync.hub.procs import digest
+from rlsync.hub.federation.gateway import Gateway, GatewayConfig
+from rlsync.hub.tools.procs import digest
 
 
 def _model(v: int) -> dict:

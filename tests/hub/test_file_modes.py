@@ -13,12 +13,12 @@ import subprocess
 import sys
 
 from rlsync.hub import HubClient, Location
-from rlsync.hub.rpc import read_or_create_token, read_token
+from rlsync.hub.protocol.rpc import read_or_create_token, read_token
 
 CHILD = r"""
 import logging, os, sys
 tmp = sys.argv[1]
-import rlsync.hub.dataplane_tuning as T
+import rlsync.hub.dataplane.tuning as T
 real = T.calibrate
 T.calibrate = lambda: real(size=8 << 20, rounds=1)  # small: a test, not a figure; the files are the point
 T.load_or_calibrate()
@@ -45,7 +45,7 @@ def test_a_loose_token_file_is_tightened_to_0600_with_a_warning(tmp_path, caplog
         path = tmp_path / f"hub-{mode:o}.token"
         path.write_text("s3cret\n")
         os.chmod(path, mode)
-        with caplog.at_level(logging.WARNING, logger="rlsync.hub.rpc"):
+        with caplog.at_level(logging.WARNING, logger="rlsync.hub.protocol.rpc"):
             assert read(str(path)) == "s3cret"
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
         assert any(f"{mode:03o}" in r.getMessage() and "0600" in r.getMessage() for r in caplog.records), caplog.text

@@ -24,10 +24,10 @@ from hypothesis import strategies as st
 
 from rlsync.hub import ClientConfig, HubClient, Location
 from rlsync.hub import errors as E
-from rlsync.hub.dataplane_wire import MAGIC, REQ, UNIT
-from rlsync.hub.demo import start_hub_process
-from rlsync.hub.procs import WorkerProcess, close_all
-from rlsync.hub.wire_args import MAX_WAIT_S, SPECS, check_args
+from rlsync.hub.dataplane.wire import MAGIC, REQ, UNIT
+from rlsync.hub.tools.demo import start_hub_process
+from rlsync.hub.tools.procs import WorkerProcess, close_all
+from rlsync.hub.protocol.args import MAX_WAIT_S, SPECS, check_args
 
 pytestmark = pytest.mark.timeout(300)
 CONTROL_FRAMES = 2000
@@ -207,7 +207,7 @@ def requests(draw):
 
 
 def test_fuzzed_data_plane_requests_get_typed_errors(live):
-    from rlsync.hub.tickets import ReaderKey
+    from rlsync.hub.protocol.tickets import ReaderKey
 
     reader, thief = live["reader"], ReaderKey()
     before = snapshot(live)
@@ -268,7 +268,7 @@ ints = st.one_of(st.integers(-2, 14), st.sampled_from([True, None, "3", 1.5]))
 def layouts(draw):
     """Hand-built layouts of `a` (3, 4) and `b` (5,) over 1-3 ranks: cuts at random points, each field
     now and then spoiled (a wrong type, a gap, an overlap, a piece past the end, another dtype/shape)."""
-    from rlsync.hub.reshard import FlatPiece
+    from rlsync.hub.reshard.layout import FlatPiece
 
     def maybe(good, bad):
         return draw(bad) if draw(st.integers(0, 59)) == 0 else good
@@ -298,7 +298,7 @@ def layouts(draw):
 
 @st.composite
 def destinations(draw):
-    from rlsync.hub.reshard import Dest, Slice
+    from rlsync.hub.reshard.layout import Dest, Slice
 
     def one():
         name = draw(st.sampled_from(["a"] * 6 + ["b"] * 3 + ["zz"]))
@@ -315,7 +315,7 @@ def test_fuzzed_layouts_tile_exactly_or_are_refused_typed():
     """A layout either tiles every tensor (each element in exactly one rank's piece, every rank declaring
     one dtype and shape) or its constructor raises LayoutError; any other outcome is a failure. A plan of
     random destinations over a valid layout fills each destination element exactly once, or LayoutError."""
-    from rlsync.hub.reshard import ShardedLayout, plan
+    from rlsync.hub.reshard.layout import ShardedLayout, plan
 
     seen = {"ok": 0, "refused": 0, "plans": 0}
 

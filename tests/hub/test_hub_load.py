@@ -2,7 +2,7 @@
 import msgpack
 import torch
 
-from rlsync.hub.server_load import HubLoad, packed_map
+from rlsync.hub.server.load import HubLoad, packed_map
 
 
 def test_stats_carry_plan_time_rpc_rate_and_heartbeat_lag(hub, make_client, wait_until):
@@ -37,8 +37,8 @@ def test_packed_map_equals_packing_the_whole_map():
 
 def test_a_known_manifest_in_a_request_decodes_to_what_a_full_decode_gives():
     from rlsync.bench.hub_scale import big_manifest
-    from rlsync.hub.known_manifests import KnownManifests
-    from rlsync.hub.manifest import Manifest
+    from rlsync.hub.server.known_manifests import KnownManifests
+    from rlsync.hub.model.manifest import Manifest
 
     known, other = big_manifest(300, seed=1), big_manifest(300, seed=2)
     k = KnownManifests()
@@ -61,7 +61,7 @@ def test_a_known_manifest_in_a_request_decodes_to_what_a_full_decode_gives():
 def test_a_restarted_hub_recognizes_the_manifests_workers_re_register(tmp_path):
     from rlsync.bench.hub_scale import big_manifest
     from rlsync.hub import start_embedded_hub
-    from rlsync.hub.rpc import RpcChannel
+    from rlsync.hub.protocol.rpc import RpcChannel
 
     m, journal = big_manifest(300), str(tmp_path / "j.db")
     where, ep = {"dc": "d", "rack": "r", "host": "h"}, {"tcp": "127.0.0.1:1", "reader_key": b"k" * 32}

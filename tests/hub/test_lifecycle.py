@@ -13,8 +13,8 @@ import torch
 
 from rlsync.hub import ClientConfig, HubClient, Location
 from rlsync.hub import errors as E
-from rlsync.hub.demo import start_hub_process
-from rlsync.hub.server import start_embedded_hub
+from rlsync.hub.tools.demo import start_hub_process
+from rlsync.hub.server.loop import start_embedded_hub
 
 
 def free_port():

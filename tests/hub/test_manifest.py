@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from rlsync.hub.errors import BufferMismatchError, ManifestMismatchError
-from rlsync.hub.manifest import Manifest, ManifestConfig, build_manifest
+from rlsync.hub.model.manifest import Manifest, ManifestConfig, build_manifest
 
 
 def test_large_tensors_are_chunked_and_tiny_ones_packed():

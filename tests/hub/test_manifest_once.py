@@ -71,9 +71,9 @@ def test_a_fetch_without_the_argument_gets_the_manifest_and_a_bad_one_is_typed(h
 
 
 def test_the_client_cache_is_bounded_and_refuses_a_manifest_it_was_not_sent():
-    from rlsync.hub.client_manifests import ManifestCache
-    from rlsync.hub.manifest import ManifestConfig, build_manifest
-    from rlsync.hub.shard import Shard
+    from rlsync.hub.client.manifests import ManifestCache
+    from rlsync.hub.model.manifest import ManifestConfig, build_manifest
+    from rlsync.hub.model.shard import Shard
 
     m = build_manifest({"w": torch.arange(8, dtype=torch.float32)}, ManifestConfig())
     cache = ManifestCache(size=2)

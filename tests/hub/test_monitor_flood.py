@@ -12,9 +12,11 @@ import socket
 import threading
 import time
 
-from rlsync.hub import HubClient, Location, connection_watch, start_embedded_hub
-from rlsync.hub.connection_watch import HubConnectionWatch
-from rlsync.hub.rpc import RpcChannel
+from rlsync.hub import HubClient, Location, start_embedded_hub
+
+from rlsync.hub.protocol import connection_watch
+from rlsync.hub.protocol.connection_watch import HubConnectionWatch
+from rlsync.hub.protocol.rpc import RpcChannel
 
 DROPS = 3000  # well past ZeroMQ's default monitor queue (1000 + 1000 messages)
 

@@ -1,5 +1,5 @@
-from rlsync.hub.location import Location
-from rlsync.hub.planner import Planner, PlannerConfig, Source
+from rlsync.hub.model.location import Location
+from rlsync.hub.state.planner import Planner, PlannerConfig, Source
 
 
 def src(rid, host="h", rack="r", dc="d", full=True, load=0):

@@ -12,7 +12,7 @@ import torch
 import zmq
 
 from rlsync.hub import ClientConfig, HubClient, Location
-from rlsync.hub.server import start_embedded_hub
+from rlsync.hub.server.loop import start_embedded_hub
 
 
 

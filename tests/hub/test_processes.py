@@ -2,11 +2,11 @@
 import pytest
 
 from rlsync.hub import ClientConfig, HubClient, ManifestConfig
-from rlsync.hub.dataplane import DataPlaneConfig
-from rlsync.hub.demo import start_hub_process
-from rlsync.hub.planner import PlannerConfig
-from rlsync.hub.procs import WorkerProcess, close_all
-from rlsync.hub.server import start_embedded_hub
+from rlsync.hub.dataplane.config import DataPlaneConfig
+from rlsync.hub.tools.demo import start_hub_process
+from rlsync.hub.state.planner import PlannerConfig
+from rlsync.hub.tools.procs import WorkerProcess, close_all
+from rlsync.hub.server.loop import start_embedded_hub
 from rlsync.hub.state import HubConfig
 
 pytestmark = pytest.mark.timeout(240)

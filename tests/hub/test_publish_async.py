@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rlsync.hub import Shard, errors as E
-from rlsync.hub.manifest import ManifestConfig, build_manifest
+from rlsync.hub.model.manifest import ManifestConfig, build_manifest
 
 
 def _tensors(seed: int, n: int = 3) -> dict[str, torch.Tensor]:

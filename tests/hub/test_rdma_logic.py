@@ -21,13 +21,14 @@ import pytest
 import torch
 
 from rlsync.hub import errors as E
-from rlsync.hub.location import Location
-from rlsync.hub.manifest import ManifestConfig, allocate, build_manifest
-from rlsync.hub.dataplane import DataPlaneConfig, DataServer, read_from_source
-from rlsync.hub.store import LocalReplica, ReplicaStore
-from rlsync.hub.tickets import ReaderKey, Ticket, TicketSigner, TicketVerifier
-from rlsync.hub.transports import choose_transport, get_transport, rdma
-from rlsync.hub.transports import rdma_logic as L
+from rlsync.hub.model.location import Location
+from rlsync.hub.model.manifest import ManifestConfig, allocate, build_manifest
+from rlsync.hub.dataplane.config import DataPlaneConfig
+from rlsync.hub.dataplane.transfer import DataServer, read_from_source
+from rlsync.hub.dataplane.store import LocalReplica, ReplicaStore
+from rlsync.hub.protocol.tickets import ReaderKey, Ticket, TicketSigner, TicketVerifier
+from rlsync.hub.dataplane.transports import choose_transport, get_transport, rdma
+from rlsync.hub.dataplane.transports import rdma_logic as L
 
 GID = "fe80:0000:0000:0000:0202:c9ff:fe00:0001"
 
@@ -286,7 +287,7 @@ def test_fallback_decisions():
 def test_fetch_from_a_peer_advertising_rdma_falls_back_to_tcp(make_client, monkeypatch):
     """A real hub, publisher and reader on two 'hosts': the publisher advertises rdma; this reader
     cannot run it, so the fetch goes over TCP and says so."""
-    import rlsync.hub.client_session as client_mod  # join() advertises the transports
+    import rlsync.hub.client.session as client_mod  # join() advertises the transports
     real = client_mod.available_transports
     monkeypatch.setattr(client_mod, "available_transports", lambda: real() + ["rdma"])
     pub = make_client(host="a", name="trainer")
@@ -295,7 +296,7 @@ def test_fetch_from_a_peer_advertising_rdma_falls_back_to_tcp(make_client, monke
     w = {"w": torch.randn(1000), "b": torch.arange(7)}
     pub.publish("policy", 1, w)
     got = reader.fetch("policy", "latest")
-    # Which TCP transport is the one measured fastest on this host (rlsync.hub.dataplane_tuning).
+    # Which TCP transport is the one measured fastest on this host (rlsync.hub.dataplane.tuning).
     assert got.transports.keys() == {pub.worker_id} and got.transports[pub.worker_id] in ("tcp", "tcp-py")
     assert torch.equal(got.tensors["w"], w["w"]) and torch.equal(got.tensors["b"], w["b"])
 

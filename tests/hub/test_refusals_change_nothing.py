@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rlsync.hub import errors as E
-from rlsync.hub.shard import Shard
+from rlsync.hub.model.shard import Shard
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -91,9 +91,9 @@ def test_fetch_into_buffers_that_alias_each_other_is_refused_before_anything_mov
 
 def test_fetch_into_buffers_of_a_fetch_still_in_progress_is_refused(hub, make_client):
     """`into` that overlaps a replica this worker cannot release (a relay still receiving) is refused."""
-    from rlsync.hub.replica_id import ReplicaId
-    from rlsync.hub.store import LocalReplica
-    from rlsync.hub.manifest import ManifestConfig, build_manifest
+    from rlsync.hub.model.replica_id import ReplicaId
+    from rlsync.hub.dataplane.store import LocalReplica
+    from rlsync.hub.model.manifest import ManifestConfig, build_manifest
 
     t, r = make_client(host="t"), make_client(host="r")
     live = model()

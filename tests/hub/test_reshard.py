@@ -1,4 +1,4 @@
-"""Resharding (rlsync.hub.reshard, reshard_read): ZeRO-3 flat shards published without a gather, read
+"""Resharding (rlsync.hub.reshard.layout, reshard_read): ZeRO-3 flat shards published without a gather, read
 back as whole tensors, TP row/column blocks and a fused qkv, bit-exact, with the bytes each source served.
 
 The partitions here are cut the way DeepSpeed ZeRO-3 cuts them (flatten, ceil(numel / world) per rank,
@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from rlsync.hub import errors as E
-from rlsync.hub.reshard import LAYOUT_TENSOR, Dest, Slice, parse_record, plan, record, zero3_layout
-from rlsync.hub.reshard_read import ReshardReader, publish_shard, shard_tensors
+from rlsync.hub.reshard.layout import Dest, Slice, parse_record, plan, record, zero3_layout
+from rlsync.hub.model.names import LAYOUT_TENSOR
+from rlsync.hub.reshard.read import ReshardReader, publish_shard, shard_tensors
 
 
 def model(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -132,7 +133,7 @@ def test_a_reader_with_another_layout_is_refused(make_client):
 def test_a_tp_reader_moves_only_the_units_of_its_ranges(make_client):
     """With 16-byte units (every half row of `o` is one unit) a TP=2 reader moves only the units that
     hold its slices: counted here independently of the planner, from masks of the full tensors."""
-    from rlsync.hub.manifest import ManifestConfig
+    from rlsync.hub.model.manifest import ManifestConfig
 
     t = model(5)
     lay = zero3_layout(specs(t), 2)
@@ -173,8 +174,8 @@ def test_a_tp_reader_moves_only_the_units_of_its_ranges(make_client):
 def test_a_reader_planned_on_a_partial_reader_is_refused_and_replans(make_client, caplog):
     """A partial reader is advertised as a relay while the hub plans its fetch; a reader planned on
     it is refused at once (the partial reader serves it as a failed relay) and completes elsewhere."""
-    from rlsync.hub.client_partial import fetch_units
-    from rlsync.hub.shard import Shard
+    from rlsync.hub.client.partial import fetch_units
+    from rlsync.hub.model.shard import Shard
 
     src = {"w": torch.arange(64, dtype=torch.float32), "b": torch.ones(64)}
     make_client(host="h0", name="trainer").publish("m", 1, src)

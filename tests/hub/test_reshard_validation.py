@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from rlsync.hub import errors as E
-from rlsync.hub.reshard import Dest, FlatPiece, ShardedLayout, Slice, zero3_layout
-from rlsync.hub.reshard_read import ReshardReader, publish_shard, zero_shard
+from rlsync.hub.reshard.layout import Dest, FlatPiece, ShardedLayout, Slice, zero3_layout
+from rlsync.hub.reshard.read import ReshardReader, publish_shard, zero_shard
 
 ROWS, COLS = 100, 4
 W = torch.arange(ROWS * COLS, dtype=torch.float32).reshape(ROWS, COLS)

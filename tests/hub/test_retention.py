@@ -1,16 +1,16 @@
-"""Retention and release decisions as pure logic (hub/retention.py), then one hand-off through HubState.
+"""Retention and release decisions as pure logic (hub/state/retention.py), then one hand-off through HubState.
 
 Milliseconds: no sockets, no threads.
 """
 import pytest
 import torch
 
-from rlsync.hub.location import Location
-from rlsync.hub.manifest import ManifestConfig, build_manifest
-from rlsync.hub.retention import (KEEP_OLD, Action, ReleaseDecision, ReleaseView, RetentionConfig, RetentionPolicy,
+from rlsync.hub.model.location import Location
+from rlsync.hub.model.manifest import ManifestConfig, build_manifest
+from rlsync.hub.state.retention import (KEEP_OLD, Action, ReleaseDecision, ReleaseView, RetentionConfig, RetentionPolicy,
                                   SeedWorker, choose_seed_worker, decide_release, drop_seed, forget_below,
                                   forgettable, is_retained)
-from rlsync.hub.shard import Shard
+from rlsync.hub.model.shard import Shard
 from rlsync.hub.state import DONE, PENDING, SEED, HubConfig, HubState
 
 CFG, PREFER_SEED = RetentionConfig(), RetentionConfig(prefer_seed=True)

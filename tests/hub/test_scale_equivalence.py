@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from rlsync.hub import errors as E
-from rlsync.hub.location import Location
-from rlsync.hub.manifest import ManifestConfig, build_manifest
-from rlsync.hub.planner import PlannerConfig
-from rlsync.hub.retention import RetentionConfig
-from rlsync.hub.shard import Shard
+from rlsync.hub.model.location import Location
+from rlsync.hub.model.manifest import ManifestConfig, build_manifest
+from rlsync.hub.state.planner import PlannerConfig
+from rlsync.hub.state.retention import RetentionConfig
+from rlsync.hub.model.shard import Shard
 from rlsync.hub.state import HubConfig, HubState
-from rlsync.hub.state_index import StateIndex
+from rlsync.hub.state.index import StateIndex
 
 from scan_reference import ScanState  # tests/hub/scan_reference.py
 
@@ -80,7 +80,7 @@ def heartbeat(s: HubState, wid: str):
 
 def run_sequence(seed: int, steps: int, poll_every_step: bool = False) -> int:
     """`poll_every_step`: pending releases polled after every operation, as the server does after every
-    pass of its loop (the fast state re-checks only those an event changed: hub/state_releases.py)."""
+    pass of its loop (the fast state re-checks only those an event changed: hub/state/releases.py)."""
     rng = random.Random(seed)
     cfg = HubConfig(planner=PlannerConfig(fanout_cap=rng.choice([1, 1, 2, 4]), max_sources=rng.choice([1, 2]),
                                           stripe_min_bytes=rng.choice([1, 1 << 30]), cross_dc_streams=rng.choice([1, 2])),
@@ -184,7 +184,7 @@ def test_releases_rechecked_on_events_finish_when_the_scans_do(seed):
 
 def test_planner_answers_as_its_reference():
     """The planner's per-plan savings (distances once, a tuple's sum remembered) pick what it picked."""
-    from rlsync.hub.planner import Planner, Source
+    from rlsync.hub.state.planner import Planner, Source
     from scan_reference import ReferencePlanner
     rng = random.Random(7)
     for _ in range(3000):

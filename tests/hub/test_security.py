@@ -16,10 +16,10 @@ import torch
 
 from rlsync.hub import HubClient, Location, start_embedded_hub
 from rlsync.hub import errors as E
-from rlsync.hub.dataplane_wire import MAGIC, REQ, UNIT
-from rlsync.hub.journal import Journal
-from rlsync.hub.server import KEY_SUFFIX
-from rlsync.hub.tickets import ReaderKey, Ticket, TicketSigner
+from rlsync.hub.dataplane.wire import MAGIC, REQ, UNIT
+from rlsync.hub.server.journal import Journal
+from rlsync.hub.server.loop import KEY_SUFFIX
+from rlsync.hub.protocol.tickets import ReaderKey, Ticket, TicketSigner
 
 W = {"w": torch.arange(4096, dtype=torch.float32)}
 NOBODY = 65534
@@ -188,7 +188,7 @@ def test_a_ticket_signed_in_a_batch_proves_only_its_own_read():
     """The hub signs a loop pass's tickets under one signature (a Merkle root): each ticket still
     verifies only for its own source and replica, and no byte of it can change (body, index, leaf
     count, sibling hashes, signature) without the verifier refusing it. No I/O: ~0.1 s."""
-    from rlsync.hub.tickets import TicketVerifier
+    from rlsync.hub.protocol.tickets import TicketVerifier
     signer = TicketSigner()
     verifier = TicketVerifier(signer.public_bytes)
     reader = ReaderKey().public_bytes

@@ -3,11 +3,11 @@ import pytest
 import torch
 
 from rlsync.hub import errors as E
-from rlsync.hub.location import Location
-from rlsync.hub.manifest import ManifestConfig, build_manifest
-from rlsync.hub.planner import PlannerConfig
-from rlsync.hub.retention import RetentionConfig
-from rlsync.hub.shard import Shard
+from rlsync.hub.model.location import Location
+from rlsync.hub.model.manifest import ManifestConfig, build_manifest
+from rlsync.hub.state.planner import PlannerConfig
+from rlsync.hub.state.retention import RetentionConfig
+from rlsync.hub.model.shard import Shard
 from rlsync.hub.state import DONE, PENDING, SEED, HubConfig, HubState
 
 M = build_manifest({"w": torch.ones(8), "b": torch.zeros(2)}, ManifestConfig())
@@ -198,7 +198,7 @@ def test_the_hub_keeps_no_forgotten_versions_manifest_alive_beyond_a_small_cache
     caches keyed by manifest (unit sizes per plan) held up to 256 manifests of versions the hub had forgotten."""
     import gc
 
-    from rlsync.hub.manifest import Manifest
+    from rlsync.hub.model.manifest import Manifest
 
     def manifests():  # every Manifest alive in this process (other tests' too: counted once, before)
         gc.collect()

@@ -17,14 +17,15 @@ import pytest
 import torch
 
 from rlsync.hub import errors as E
-from rlsync.hub.dataplane import DataPlaneConfig, DataServer, read_from_source
-from rlsync.hub.dataplane_wire import ERR, REQ, UNIT
-from rlsync.hub.manifest import ManifestConfig, allocate, build_manifest
-from rlsync.hub.store import LocalReplica, ReplicaStore
-from rlsync.hub.tickets import ReaderKey, Ticket, TicketSigner, TicketVerifier
-from rlsync.hub.transports import get_transport, transport_names
-from rlsync.hub.transports.base import Transport, recv_exact, transport_by_kind
-from rlsync.hub.transports.shm import boot_id
+from rlsync.hub.dataplane.config import DataPlaneConfig
+from rlsync.hub.dataplane.transfer import DataServer, read_from_source
+from rlsync.hub.dataplane.wire import ERR, REQ, UNIT
+from rlsync.hub.model.manifest import ManifestConfig, allocate, build_manifest
+from rlsync.hub.dataplane.store import LocalReplica, ReplicaStore
+from rlsync.hub.protocol.tickets import ReaderKey, Ticket, TicketSigner, TicketVerifier
+from rlsync.hub.dataplane.transports import get_transport, transport_names
+from rlsync.hub.dataplane.transports.base import Transport, recv_exact, transport_by_kind
+from rlsync.hub.dataplane.transports.shm import boot_id
 
 SMALL = ManifestConfig(chunk_bytes=64 << 10, pack_below=4 << 10, pack_bytes=16 << 10)
 SIGNER = TicketSigner()
@@ -326,7 +327,7 @@ def test_reader_death_mid_unit_leaves_the_server_serving(transport, source):
 
 
 def test_native_engine_missing_falls_back_to_tcp_py(monkeypatch, caplog):
-    from rlsync.hub.transports import choose_transport, tcp_native
+    from rlsync.hub.dataplane.transports import choose_transport, tcp_native
 
     monkeypatch.setattr(tcp_native, "_engine", None)
     monkeypatch.setattr(tcp_native, "_MISSING", "native engine rlsync._engine is not built (test)")

@@ -12,10 +12,10 @@ import torch
 
 from rlsync.hub import ClientConfig, HubClient, Location, ManifestConfig
 from rlsync.hub import errors as E
-from rlsync.hub.dataplane import DataPlaneConfig
-from rlsync.hub.demo import start_hub_process
-from rlsync.hub.procs import WorkerProcess, close_all
-from rlsync.hub.server import start_embedded_hub
+from rlsync.hub.dataplane.config import DataPlaneConfig
+from rlsync.hub.tools.demo import start_hub_process
+from rlsync.hub.tools.procs import WorkerProcess, close_all
+from rlsync.hub.server.loop import start_embedded_hub
 from rlsync.hub.state import HubConfig
 
 pytestmark = pytest.mark.timeout(120)

@@ -1,4 +1,4 @@
-"""`wait_latest(model, at_least, timeout_s)`: one parked call instead of polling `latest` (hub/server_waits.py).
+"""`wait_latest(model, at_least, timeout_s)`: one parked call instead of polling `latest` (hub/server/waits.py).
 
 Answered in the loop pass that commits the version; at the timeout with `latest` as it is (no error);
 bad arguments refused typed with nothing parked; across a hub restart the call is sent again and
@@ -16,7 +16,7 @@ import torch
 
 from rlsync.hub import ClientConfig, HubClient, Location
 from rlsync.hub import errors as E
-from rlsync.hub.demo import start_hub_process
+from rlsync.hub.tools.demo import start_hub_process
 
 pytestmark = pytest.mark.timeout(180)
 W = {"w": torch.arange(64, dtype=torch.float32)}

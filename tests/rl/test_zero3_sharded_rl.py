@@ -21,7 +21,7 @@ def _fetches(run_dir):
 
 def _partition_bytes(cfg) -> tuple[int, int]:
     """(model bytes, most bytes one rank publishes: its partitions without padding + its layout record)."""
-    from rlsync.hub.reshard import record
+    from rlsync.hub.reshard.layout import record
     from rlsync.workers.policy import build_policy
     from rlsync.sync.hub_sharded import reader_layout
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from rlsync.hub.planner import Planner, PlannerConfig
+from rlsync.hub.state.planner import Planner, PlannerConfig
 from rlsync.hub.state import HubConfig
 from rlsync.sim.cluster import SimCluster
 from rlsync.sim.engine import Engine, Flow
@@ -122,7 +122,7 @@ def test_the_last_copy_waits_for_a_relay_before_it_goes(min_full_copies):
     completes when the reader holds the version (its fetch_done reaches the hub). With the default
     `min_full_copies=2` one reader's copy is not enough: the trainer offload-seeds first (a host copy
     at `offload_bps`), and that seed stays registered."""
-    from rlsync.hub.retention import RetentionConfig
+    from rlsync.hub.state.retention import RetentionConfig
 
     net = Network(nic_bps=10 * MB)
     c = SimCluster(net, HubConfig(retention=RetentionConfig(min_full_copies=min_full_copies)),

@@ -10,9 +10,9 @@ import pytest
 
 from rlsync.bench.reshard import Ranks, expected_tp, same_bytes, tp_dests, VOCAB
 from rlsync.hub import HubClient, Location, start_embedded_hub
-from rlsync.hub.manifest import dtype_name
-from rlsync.hub.reshard import record, zero3_layout
-from rlsync.hub.reshard_read import ReshardReader
+from rlsync.hub.model.manifest import dtype_name
+from rlsync.hub.reshard.layout import record, zero3_layout
+from rlsync.hub.reshard.read import ReshardReader
 from rlsync.rollout import TinyModelConfig, build_tiny_model
 
 MODEL = {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "intermediate_size": 128, "max_position_embeddings": 32}

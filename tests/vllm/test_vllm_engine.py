@@ -224,9 +224,9 @@ def test_sharded_zero3_version_lands_fused_in_staging_and_applies_exactly(rig):
     trainer's, each rank serving only its partition; after the apply vLLM's own fused weight buffers equal the
     trainer's tensors cast to bf16, and its log-probs follow the new weights."""
     from rlsync.hub import HubClient, Location
-    from rlsync.hub.reshard import record, zero3_layout
-    from rlsync.hub.reshard_read import publish_shard
-    from rlsync.hub.manifest import dtype_name
+    from rlsync.hub.reshard.layout import record, zero3_layout
+    from rlsync.hub.reshard.read import publish_shard
+    from rlsync.hub.model.manifest import dtype_name
     from rlsync.rollout.vllm_sync import HubWeightStage
     from vllm_helpers import new_version
 

@@ -1,0 +1,353 @@
+"""HubClient's fetch protocol: ask the hub for a plan, serve the fetch as a relay at once, pull every
+source's units in parallel over the data plane (verified per unit), re-plan around failed sources,
+and tell the hub the outcome.
+
+A mixin of `HubClient` (hub/client/__init__.py). `FetchResult` is defined here and re-exported by hub/client/__init__.py.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from rlsync.hub import errors as E
+from rlsync.hub.dataplane.transfer import read_from_source
+from rlsync.hub.model.manifest import Manifest, allocate, dtype_name
+from rlsync.hub.model.replica_id import ReplicaId
+from rlsync.hub.model.shard import Shard
+from rlsync.hub.dataplane.store import LocalReplica
+from rlsync.hub.dataplane.tuning import choose_path, measured
+from rlsync.hub.dataplane.transports import cuda
+from rlsync.hub.protocol.args import check_coords as _check_coords, check_value
+
+log = logging.getLogger("rlsync.hub.client")  # one logger for the whole client (log set-up names it)
+
+
+@dataclass(slots=True)
+class FetchResult:
+    version: int
+    """The version fetched (resolved from 'latest' or a reader group's pin)."""
+    tensors: dict[str, torch.Tensor]
+    """The fetched tensors (the `into` buffers when given)."""
+    bytes_by_source: dict[str, int]
+    """Worker id -> bytes it served to this fetch."""
+    transports: dict[str, str]
+    """Worker id -> transport used."""
+    seconds: float
+    nbytes: int
+    manifest: Manifest | None = None
+    """The version's manifest (tensor list, units, unit checksums): lets a consumer re-check bytes."""
+    mode: str = "full"
+    """How it arrived: 'full' (units of the version), 'delta' (a chain of deltas onto the held
+    version: `nbytes` is then the delta bytes that moved), 'held' (nothing moved)."""
+    phases: dict | None = None
+    """For a delta fetch, seconds per phase: choose, pull, decode, release, apply, register."""
+    deltas: dict | None = None
+    """For `fetch_delta(keep_base=True)` by delta: {delta version: the delta object's tensors} of the chain."""
+
+    @property
+    def gbps(self) -> float:
+        return self.nbytes * 8 / 1e9 / self.seconds if self.seconds > 0 else 0.0
+
+
+def _check_tensors(tensors: dict, what: str) -> None:
+    if not isinstance(tensors, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                                for k, v in tensors.items()):
+        raise E.BufferMismatchError(f"{what} must be a dict of str -> torch.Tensor")
+    cuda.check_tensors(tensors, what)  # host tensors; CUDA tensors where CUDA is usable
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    return t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+
+
+def _overlaps(xs, ys) -> bool:
+    """Do any of tensors `xs` share bytes with any of tensors `ys`?"""
+    spans = [_span(t) for t in ys if t.numel()]
+    return any(a < e and s < b for t in xs if t.numel() for a, b in [_span(t)] for s, e in spans)
+
+
+def _aliased(tensors: dict[str, torch.Tensor]) -> tuple[str, str] | None:
+    """Two names of `tensors` whose memory overlaps (views of one storage), or None. Sorted sweep."""
+    spans = sorted((t.device.type, t.device.index or 0, *_span(t), name) for name, t in tensors.items() if t.numel())
+    for (d0, i0, _, end, a), (d1, i1, start, _, b) in zip(spans, spans[1:]):
+        if (d0, i0) == (d1, i1) and start < end:
+            return a, b
+    return None
+
+
+class Fetching:
+    """Fetch (plan, pull, re-plan, finish), already-held fetches, buffer overlap releases."""
+
+    def fetch(self, model: str, version: int | str = "latest", into: dict[str, torch.Tensor] | None = None,
+              shard: Shard = Shard(), group: tuple[str, int] | None = None,
+              on_unit: Callable[[Manifest, int], None] | None = None, _plan: dict | None = None,
+              _done_later: list | None = None) -> FetchResult:
+        """Pull (model, version, shard) from peers per the hub's plan; verify every unit.
+
+        `version` is 'latest' or a committed version number. 'latest' is the newest committed version
+        some live worker can serve now (`result.version` says which): when every holder of the newest
+        one died, the newest older one that is still held; and when the version a 'latest' fetch was
+        planned for is lost while it is being read, the fetch is planned again for what 'latest' is then.
+        `group=(name, size)` pins a reader group
+        (e.g. the TP ranks of one inference engine) to one version across its members. Afterwards
+        this worker is a full replica and serves the version to others until it releases it.
+        `on_unit(manifest, u)` is called from transfer threads once unit `u` has landed and verified
+        (to consume tensors while the rest still arrive); a fetch of a version already held calls it
+        for no unit. `_plan`: a plan the hub already sent (with its manifest), from `delta_choose`.
+        `_done_later`: the fetch's successful end is not told now but appended here as
+        (fetch id, replica, model, version, shard), for the caller to tell with its next call
+        (`fetch_delta`: with the registration of the version it applied, `applied`) or by `_fetch_done`.
+        """
+        for attempt in range(3):
+            try:
+                return self._fetch_once(model, version, into, shard, group, on_unit, _plan, _done_later)
+            except E.VersionLostError as e:
+                if not getattr(e, "after_plan", False) or version != "latest" or group is not None \
+                        or _plan is not None or attempt == 2:
+                    raise
+                log.warning("fetch of %r latest: the version it was planned for was lost (%s); planning again", model, e)
+        raise AssertionError("unreachable")
+
+    def _fetch_once(self, model: str, version: int | str, into: dict[str, torch.Tensor] | None, shard: Shard,
+                    group: tuple[str, int] | None, on_unit, _plan: dict | None, _done_later: list | None) -> FetchResult:
+        wid = self._need_join()
+        _check_coords("fetch", model, version, shard)
+        if group is not None:
+            check_value("fetch", "group", group)
+        spec = None
+        if into is not None:
+            _check_tensors(into, "into")
+            self._check_destination(into)
+            spec = [[n, dtype_name(t.dtype), list(t.shape)] for n, t in into.items()]
+        dp = self.cfg.dataplane
+        measured(self.cfg.transport, dp.streams, dp.zero_copy_send)  # before the plan: its tickets expire soon
+        t0 = time.monotonic()
+        have = self._manifests.have(model, shard) if _plan is None else {}  # the hub leaves these out
+        plan = _plan or self._call("fetch", wid=wid, model=model, version=version, shard=shard.to_wire(),
+                                   group=list(group) if group else None, into_spec=spec, have_manifests=list(have))
+        fid, ver = plan["fetch_id"], plan["version"]
+        if plan.get("held"):
+            got = self._already_held(model, ver, shard, into, t0)
+            if got is not None:
+                return got
+            have = self._manifests.have(model, shard)
+            plan = self._call("fetch", wid=wid, model=model, version=ver, shard=shard.to_wire(),
+                              group=list(group) if group else None, into_spec=spec, have_manifests=list(have))
+            fid = plan["fetch_id"]
+            if plan.get("held"):
+                raise E.ProtocolError(f"the hub still lists {model!r} v{ver} {shard.key} as held here")
+        rid = ReplicaId(wid, model, ver, shard.key).wire
+        if rid in self._held and self.store.get(rid) is not None:
+            # The hub planned a transfer of a version this worker holds in full: it lost our record of
+            # it (a re-join raced the end of the fetch that got it). Never fetch over it: drop the plan,
+            # register the replica again, and answer from it as for any version already held.
+            self._fetch_done(fid, ok=False)
+            self._reregister(rid)
+            got = self._already_held(model, ver, shard, into, t0)
+            if got is not None:
+                return got
+            raise E.ProtocolError(f"{model!r} v{ver} {shard.key} is held here but cannot be served from here")
+        try:
+            manifest = self._manifests.take(plan, have, model, shard)
+            if into is not None:
+                cuda.check_into(manifest, into)
+            dest_tensors = dict(into) if into is not None else allocate(manifest)
+            dest = cuda.make_replica(rid, manifest, dest_tensors, full=False)
+            # The hub already advertises this relay: serve it at once (no unit is present yet, so
+            # its readers wait on the condition variable), then release whatever version these
+            # buffers held before writing into them (the mutability contract).
+            self.store.add(dest)
+            if into is not None:
+                self._release_overlapping(into)
+        except BaseException as e:
+            if self.store.get(rid) is not None:
+                self.store.get(rid).fail(f"fetch refused: {e}")  # readers planned on the relay stop waiting
+            self.store.remove(rid)
+            self._fetch_done(fid, ok=False)
+            raise
+        per_source: dict[str, int] = {}
+        used: dict[str, str] = {}
+        sources, attempts = plan["sources"], 0
+        try:
+            while True:
+                failed, errors = self._pull_all(sources, dest, per_source, used, on_unit)
+                missing = [u for u in range(len(manifest.units)) if not dest.present[u]]
+                if not missing:
+                    break
+                fatal = [e for e in errors if not isinstance(e, (E.TransferError, E.TicketError, E.ProtocolError))]
+                attempts += 1
+                if fatal or attempts > self.cfg.replan_attempts or not failed:
+                    self._abort_fetch(dest, fid, errors[0] if errors else
+                                      E.ProtocolError("fetch plan did not cover every unit"))
+                log.warning("fetch %s: %d sources failed (%s); re-planning %d units", fid, len(failed),
+                            errors[0] if errors else "", len(missing))
+                try:
+                    try:
+                        # Sources whose port refused us are dead (not stalled): the hub drops them at once.
+                        gone = [r for r, e in zip(failed, errors) if isinstance(e, E.SourceGoneError)]
+                        sources = self._call("replan", wid=wid, fetch_id=fid, failed=failed, units=missing,
+                                             **({"gone": gone} if gone else {}))["sources"]
+                    except E.UnknownFetchError:
+                        # The hub restarted (or expired us) since it planned this fetch: plan it anew. The
+                        # units already here stay; only missing ones are pulled (from whoever holds them now).
+                        plan = self._call("fetch", wid=wid, model=model, version=ver, shard=shard.to_wire(),
+                                          group=None, into_spec=spec,
+                                          have_manifests=list(self._manifests.have(model, shard)))
+                        if plan.get("held"):
+                            raise E.ProtocolError(f"the hub lists {model!r} v{ver} {shard.key} as held here "
+                                                  "while this worker is still fetching it") from None
+                        fid, sources = plan["fetch_id"], plan["sources"]
+                except E.HubError as e:
+                    self._abort_fetch(dest, fid, e)
+        except E.HubError:
+            raise  # _abort_fetch already failed the relay and told the hub
+        except Exception as e:  # a bug, not a peer: still fail the relay so its readers do not wait
+            log.exception("fetch %s failed unexpectedly", fid)
+            self._abort_fetch(dest, fid, e)
+        self._held[rid] = (model, ver, shard, "live")  # first: a re-join from now on registers it
+        if _done_later is not None:
+            _done_later.append((fid, dest, model, ver, shard))
+        else:
+            self._fetch_done(fid, ok=True, rep=dest, model=model, version=ver, shard=shard)
+        secs = time.monotonic() - t0
+        result = FetchResult(ver, dest_tensors, per_source, used, secs, manifest.nbytes, manifest)
+        if self.on_fetch is not None:
+            self.on_fetch(result)
+        return result
+
+    def _already_held(self, model: str, ver: int, shard: Shard, into, t0: float) -> FetchResult | None:
+        """This worker already holds (model, ver, shard): no transfer. Copy into `into` if it is
+        other memory (that copy is private: it is not registered as a replica).
+
+        Whatever replica lived in `into` before is released first, as for a transfer: those buffers
+        are about to hold `ver`, so neither this client nor the hub may keep them as another version.
+        Returns None if the hub's record is stale (we hold no such replica here): the caller re-plans.
+        """
+        rid = ReplicaId(self.worker_id, model, ver, shard.key).wire
+        rep = self.store.get(rid)
+        if rep is None or rid not in self._held:
+            self._forget_stale(model, ver, shard)
+            return None
+        held = getattr(rep, "device_tensors", rep.tensors)
+        if into is None:
+            out = held
+        else:
+            same = all(t.data_ptr() == held[name].data_ptr() for name, t in into.items())
+            if not same:
+                if _overlaps(held.values(), into.values()):
+                    raise E.BufferMismatchError(f"into overlaps the buffers that hold {model!r} v{ver} "
+                                                "without being them: pass those buffers or separate memory")
+                self._release_overlapping(into)
+                for name, t in into.items():
+                    t.copy_(held[name])
+                # not a replica (one per version per worker), but `fetch_delta` may start from it
+                self._copies[(model, shard.key)] = (ver, rep.manifest, {n: t.data_ptr() for n, t in into.items()})
+            out = dict(into)
+        return FetchResult(ver, out, {}, {}, time.monotonic() - t0, 0, rep.manifest)
+
+    def _forget_stale(self, model: str, version: int, shard: Shard) -> None:
+        """The hub lists a replica as ours that this client does not hold: make the hub drop it."""
+        log.warning("hub listed %s v%d %s as held here, but it is not: releasing the stale record",
+                    model, version, shard.key)
+        try:
+            self._call("release", wid=self.worker_id, model=model, version=version,
+                       shard=shard.to_wire(), slot="live")
+        except E.NotAReplicaError:
+            pass
+
+    def _pull_all(self, sources: list[dict], dest: LocalReplica, per_source: dict, used: dict, on_unit=None):
+        """Pull every source's units in parallel; returns (failed replica ids, errors)."""
+        failed: list[str] = []
+        errors: list[BaseException] = []
+        report = threading.Lock()
+
+        def pull(src: dict) -> None:
+            units = [u for u in src["units"] if not dest.present[u]]
+            lock = threading.Lock()
+            per_source.setdefault(src["worker"], 0)
+
+            def landed(u: int) -> None:  # count units as they verify, so a failed source's part counts
+                with lock:
+                    per_source[src["worker"]] += dest.manifest.units[u].nbytes
+                if on_unit is not None:
+                    on_unit(dest.manifest, u)
+
+            try:
+                dp = self.cfg.dataplane
+                transport, streams = choose_path(self._endpoint, src["endpoint"], self.cfg.transport, dp.streams,
+                                                 dp.zero_copy_send)
+                used[src["worker"]] = transport.name
+                read_from_source(transport, src["endpoint"], src["ticket"], src["replica"], units, dest,
+                                 dp.io_timeout_s, on_unit=landed, streams=streams, reader=self._reader_key)
+            except BaseException as e:  # noqa: BLE001 - reported to the caller's thread
+                with report:  # failed[i] is the source of errors[i]
+                    failed.append(src["replica"])
+                    errors.append(e)
+
+        threads = [threading.Thread(target=pull, args=(s,), daemon=True) for s in sources[1:]]
+        for t in threads:
+            t.start()
+        if sources:
+            pull(sources[0])
+        for t in threads:
+            t.join()
+        return failed, errors
+
+    def _abort_fetch(self, dest: LocalReplica, fid: str, err: BaseException):
+        dest.fail(str(err))  # downstream readers of this relay stop waiting and re-plan
+        self.store.remove(dest.id)
+        self._fetch_done(fid, ok=False)
+        # Downstream readers may still be reading units that were present. The caller may reuse
+        # `into` at once (a retry): its bytes must not change under those reads (mutability contract).
+        if not dest.wait_drained(self.cfg.dataplane.io_timeout_s):
+            log.warning("aborted fetch %s: a downstream read did not finish within %.0fs", fid,
+                        self.cfg.dataplane.io_timeout_s)
+        err = err if isinstance(err, E.HubError) else E.TransferError(f"fetch failed: {err}")
+        err.after_plan = True  # the version was resolved and planned: a 'latest' fetch may resolve it again
+        raise err
+
+    def _fetch_done(self, fid: str, ok: bool, rep: LocalReplica | None = None, model: str = "",
+                    version: int = 0, shard: Shard = Shard()) -> None:
+        try:
+            self._call("fetch_done", wid=self.worker_id, fetch_id=fid, ok=ok)
+        except E.ProtocolError:
+            if ok and rep is not None:
+                # The hub restarted while we fetched (it forgot the fetch): announce the replica.
+                try:
+                    self._call("register", wid=self.worker_id, model=model, version=version,
+                                   shard=shard.to_wire(), slot="live", manifest=rep.manifest.to_wire())
+                except E.HubError as e:
+                    log.warning("register after fetch %s failed: %s", fid, e)
+        except E.HubError as e:
+            log.warning("fetch_done(%s) failed: %s", fid, e)
+
+    def _check_destination(self, into: dict[str, torch.Tensor], what: str = "into") -> None:
+        """Refuse, before anything moves, destination buffers that cannot take a version: two of them
+        sharing memory (one would end up holding the other's bytes, and be served so), or memory of a
+        replica here that cannot be released first (a fetch still receiving into it, an offload seed).
+        A full live replica in those buffers is fine: it is released first (the mutability contract)."""
+        pair = _aliased(into)
+        if pair is not None:
+            raise E.BufferMismatchError(f"{what}: tensors {pair[0]!r} and {pair[1]!r} overlap in memory; each "
+                                        "destination tensor needs bytes of its own")
+        for rep in self.store.all():
+            entry = self._held.get(rep.id)
+            if entry is not None and entry[3] == "live" and rep.complete:
+                continue
+            if _overlaps(getattr(rep, "device_tensors", rep.tensors).values(), into.values()):
+                raise E.BufferMismatchError(f"{what} overlaps the buffers of replica {rep.id}, which this worker is "
+                                            "still receiving or keeps as a seed: use other memory")
+
+    def _release_overlapping(self, into: dict[str, torch.Tensor], keep: str | None = None) -> None:
+        """Release every full live replica held here whose buffers share memory with `into` (but `keep`)."""
+        for rid, (_, _, _, slot) in list(self._held.items()):
+            rep = self.store.get(rid)
+            if slot != "live" or rep is None or rid == keep:
+                continue
+            if _overlaps(getattr(rep, "device_tensors", rep.tensors).values(), into.values()):
+                self._release(rid)

@@ -1,0 +1,1 @@
+"""Delta objects: the codec (frames per unit) and how the hub names, plans and chooses them."""

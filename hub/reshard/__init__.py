@@ -1,0 +1,1 @@
+"""Resharding: layout maths (pure) and sharded publishes and reads."""
