@@ -15,8 +15,9 @@ In-process (the project's own `HubState` and planner, no sockets), on a realisti
   per pass without an event and once after its reader finishes.
 Against a real `python -m rlsync.hub serve` process (bench/_hub_scale_rpc.py): control RPCs per
 second from many concurrent lightweight clients (heartbeats; fetch plans), and the hub's RSS per
-worker and per connection (fixtures: bench/hub_scale_fixtures.py). Every phase is bounded by `--budget-s`: a phase that runs out reports how
-far it got (`*_done`) and no figure. CPU time is reported beside wall time (2 shared cores).
+worker and per connection. Every phase is bounded by `--budget-s`: a phase that runs out reports how
+far it got (`*_done`) and no figure. CPU time is reported beside wall time (2 shared cores). Both
+sides take their topology and manifest from bench/hub_scale_fixtures.py.
 A benchmark: it reports, it asserts nothing (docs/scale.md quotes it).
 """
 from __future__ import annotations
