@@ -14,8 +14,8 @@ import argparse
 import collections
 import threading
 
-from rlsync.bench import delta_agent
-from rlsync.bench.nsagent import STATE
+from rlsync.bench.agent import cmd_delta
+from rlsync.bench.agent.protocol import STATE
 from rlsync.hub import ClientConfig, HubClient, Location, ManifestConfig
 from rlsync.hub.delta.plan import DeltaConfig
 from rlsync.hub.protocol.rpc import unpack
@@ -57,14 +57,14 @@ def main() -> None:
     tr = client("dc0", "trainer")
     readers = [client("dc1", f"r{i}") for i in range(a.readers)]
     readers_wids.update(c.worker_id for c in readers)
-    delta_agent._model_bf16("T", 8, seed=0)
+    cmd_delta._model_bf16("T", 8, seed=0)
     for i in range(a.readers):
-        delta_agent._model_bf16(f"R{i}", 8, seed=0, zero=True)
+        cmd_delta._model_bf16(f"R{i}", 8, seed=0, zero=True)
 
     def version(v: int) -> set[str]:
         if v > 1:
             tr.release("policy", v - 1)
-        delta_agent._mutate_real("T", v, 0.05)
+        cmd_delta._mutate_real("T", v, 0.05)
         tr.publish("policy", v, STATE.models["T"]["tensors"])
         tr.publish_delta("policy", v, STATE.models["T"]["tensors"])
         modes: list[str] = []

@@ -20,6 +20,8 @@ import time
 import msgpack
 import zmq
 
+from rlsync.bench.hub_scale_fixtures import big_manifest, location
+
 MODEL = "policy"
 _MORE = int(zmq.SNDMORE)
 
@@ -33,7 +35,6 @@ def _pack(op: str, rid: int, token: str, args: dict, raw: dict | None = None) ->
 
 
 def _location(i: int) -> dict:
-    from rlsync.bench.hub_scale import location
     return location(i).to_wire()
 
 
@@ -221,7 +222,6 @@ def client_main(argv: list[str]) -> int:
             r = d.run(f, seconds)
             r["plans"] = f.plans
         elif phase == "storm":
-            from rlsync.bench.hub_scale import big_manifest
             s = Storm(d, big_manifest(units).to_wire())
             r = d.run(s, seconds * 20, total=2 * n)
             r["registered"] = s.registered

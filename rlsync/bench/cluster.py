@@ -24,12 +24,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .nsagent import Agent, close_agents, start_agents
+from .agent.protocol import GO_DELAY_S, Agent, close_agents, start_agents
 from .topo import Topology, TopologySpec, check_support, measure_rate
 
 log = logging.getLogger(__name__)
-
-GO_DELAY_S = 0.3
 
 
 @dataclass(kw_only=True, slots=True)

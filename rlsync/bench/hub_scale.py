@@ -16,7 +16,8 @@ In-process (the project's own `HubState` and planner, no sockets), on a realisti
 Against a real `python -m rlsync.hub serve` process (bench/_hub_scale_rpc.py): control RPCs per
 second from many concurrent lightweight clients (heartbeats; fetch plans), and the hub's RSS per
 worker and per connection. Every phase is bounded by `--budget-s`: a phase that runs out reports how
-far it got (`*_done`) and no figure. CPU time is reported beside wall time (2 shared cores).
+far it got (`*_done`) and no figure. CPU time is reported beside wall time (2 shared cores). Both
+sides take their topology and manifest from bench/hub_scale_fixtures.py.
 A benchmark: it reports, it asserts nothing (docs/scale.md quotes it).
 """
 from __future__ import annotations
@@ -32,64 +33,14 @@ import time
 import logging
 
 from rlsync.bench import register_scenario
-from rlsync.hub.model.location import Location
-from rlsync.hub.model.manifest import Manifest, TensorSpec, Unit
-from rlsync.hub.model.shard import Shard
+from rlsync.bench._hub_scale_rpc import rpc_throughput
+from rlsync.bench.hub_scale_fixtures import MODEL, SHARD, HubStateFixture, big_manifest, endpoint, location
+from rlsync.hub.model.manifest import Manifest
+from rlsync.hub.server.known_manifests import KnownManifests
+from rlsync.hub.server.loop import serving_gc
 from rlsync.hub.state import HubConfig, HubState
-from rlsync.hub.server import loop as hub_server
-from rlsync.hub.protocol import args as wire_args
-from rlsync.hub.protocol.rpc import pack, unpack
-from rlsync.hub.protocol.args import check_args
-
-# The same benchmark runs against a checkout from before issue 19 (the "before" figures of docs/scale.md),
-# which had neither of these: the server's GC thresholds, the manifest parse cache.
-serving_gc = getattr(hub_server, "serving_gc", lambda: None)
-KnownManifests = None
-if hasattr(hub_server, "KnownManifests"):  # the server decodes requests through it (hub/server/known_manifests.py)
-    KnownManifests = hub_server.KnownManifests
-manifest_from_wire = getattr(wire_args, "manifest_from_wire", Manifest.from_wire)
-
-MODEL, SHARD = "policy", Shard()
-DCS, RACKS, PER_HOST = 4, 16, 8
-UNIT_BYTES = 8 << 20
-
-
-def location(i: int) -> Location:
-    """Worker i: host i // 8; hosts spread over 4 DCs, then 16 racks per DC."""
-    h = i // PER_HOST
-    return Location(dc=f"dc{h % DCS}", rack=f"r{(h // DCS) % RACKS}", host=f"h{h}")
-
-
-def big_manifest(units: int = 1001, seed: int = 0) -> Manifest:
-    """`units` tensors of 8 MiB, one transfer unit each (an 8 GiB model); checksums are arbitrary."""
-    rng = random.Random(seed)
-    n = UNIT_BYTES // 4
-    tensors = tuple(TensorSpec(f"layer{i}.weight", "float32", (n,), UNIT_BYTES) for i in range(units))
-    us = tuple(Unit(((i, 0, UNIT_BYTES),), UNIT_BYTES, rng.getrandbits(64)) for i in range(units))
-    return Manifest(tensors, us, UNIT_BYTES * units)
-
-
-def endpoint(i: int) -> dict:
-    return {"tcp": f"10.0.{i // 250}.{i % 250}:7000", "reader_key": i.to_bytes(32, "little")}
-
-
-class Cluster:
-    """A HubState with a trainer (dc0) and `n` workers that all hold v1 (as after a completed fetch)."""
-
-    def __init__(self, n: int, manifest: Manifest) -> None:
-        self.manifest = manifest
-        self.state = HubState(HubConfig(worker_timeout_s=1e9))
-        s = self.state
-        self.trainer = s.join("trainer", Location(dc="dc0", rack="r0", host="trainer"), endpoint(10**6))
-        s.publish(self.trainer, MODEL, 1, SHARD, manifest)
-        self.workers = [s.join(f"w{i}", location(i), endpoint(i)) for i in range(n)]
-        for w in self.workers:
-            s.register_replica(w, MODEL, 1, SHARD, "live", manifest)
-
-    def publish(self, version: int, holders: list[str]) -> None:
-        self.state.publish(self.trainer, MODEL, version, SHARD, self.manifest)
-        for w in holders:
-            self.state.register_replica(w, MODEL, version, SHARD, "live", self.manifest)
+from rlsync.hub.protocol.rpc import pack
+from rlsync.hub.protocol.args import check_args, manifest_from_wire
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -97,7 +48,7 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
 
 
-def plan_latency(c: Cluster, readers: list[str], samples: int, budget_s: float) -> dict:
+def plan_latency(c: HubStateFixture, readers: list[str], samples: int, budget_s: float) -> dict:
     """Time single plans of the newest version; each is undone (fetch_done not ok) so the state stays put."""
     s, wall, cpu = c.state, [], []
     end = time.monotonic() + budget_s
@@ -113,7 +64,7 @@ def plan_latency(c: Cluster, readers: list[str], samples: int, budget_s: float) 
             "cpu_p99_ms": 1e3 * _pct(cpu, 0.99)}
 
 
-def herd(c: Cluster, version: int, budget_s: float) -> dict:
+def herd(c: HubStateFixture, version: int, budget_s: float) -> dict:
     """Every worker plans a fetch of `version` (only the trainer holds it); none completes meanwhile."""
     c.publish(version, [])
     t0, c0 = time.perf_counter(), time.process_time()
@@ -130,18 +81,15 @@ def herd(c: Cluster, version: int, budget_s: float) -> dict:
     return out
 
 
-def rejoin_storm(c: Cluster, budget_s: float) -> dict:
+def rejoin_storm(c: HubStateFixture, budget_s: float) -> dict:
     """A restarted hub: v1 restored, every worker re-joins under its id and re-registers v1. Timed: what
     the server does per message (unpack, `check_args`, the state call); not timed: the clients packing."""
     s = HubState(HubConfig(worker_timeout_s=1e9), id_prefix="2.")
     wire = c.manifest.to_wire()
     restored = manifest_from_wire(wire)
     s.restore_committed(MODEL, 1, SHARD.group, {SHARD.key: restored})  # as the server does
-    decode = unpack
-    if KnownManifests is not None:
-        known = KnownManifests()
-        known.add(restored)
-        decode = known.decode
+    known = KnownManifests()  # the server decodes requests through it (hub/server/known_manifests.py)
+    known.add(restored)
     wall = cpu = 0.0
     end = time.monotonic() + budget_s
     done = 0
@@ -152,7 +100,7 @@ def rejoin_storm(c: Cluster, budget_s: float) -> dict:
         msgs = [(op, pack({"id": i, "op": op, "token": "t" * 48, "args": a})) for op, a in msgs]  # as RpcChannel
         t0, c0 = time.perf_counter(), time.process_time()
         for op, data in msgs:
-            a = check_args(op, decode(data)["args"])
+            a = check_args(op, known.decode(data)["args"])
             s.join(**a) if op == "join" else s.register_replica(**a)
         wall += time.perf_counter() - t0
         cpu += time.process_time() - c0
@@ -163,7 +111,7 @@ def rejoin_storm(c: Cluster, budget_s: float) -> dict:
             "s": wall if done == len(c.workers) else None}
 
 
-def release_recheck(c: Cluster, budget_s: float) -> dict:
+def release_recheck(c: HubStateFixture, budget_s: float) -> dict:
     """The server's per-pass re-check of pending releases (`poll_releases`) with one release pending at
     N holders: a holder releases its copy while a reader still reads from it (it waits for that read).
     Timed: passes with no event in between, as most event-loop passes are; then after an event."""
@@ -189,7 +137,7 @@ def release_recheck(c: Cluster, budget_s: float) -> dict:
 def in_process(n: int, manifest: Manifest, samples: int, budget_s: float) -> dict:
     rng = random.Random(n)
     t0 = time.perf_counter()
-    c = Cluster(n, manifest)
+    c = HubStateFixture(n, manifest)
     out: dict = {"workers": n, "setup_s": time.perf_counter() - t0}
     half = c.workers[::2]
     c.publish(2, half)                                   # v2: every other worker holds it
@@ -206,12 +154,12 @@ def in_process(n: int, manifest: Manifest, samples: int, budget_s: float) -> dic
     out["plan_open"] = plan_latency(c, readers, samples, budget_s)
     del c
     gc.collect()
-    c = Cluster(n, manifest)
+    c = HubStateFixture(n, manifest)
     out["herd"] = herd(c, 2, budget_s)
     out["rejoin_storm"] = rejoin_storm(c, budget_s)
     del c
     gc.collect()
-    out["release_recheck"] = release_recheck(Cluster(n, manifest), budget_s)
+    out["release_recheck"] = release_recheck(HubStateFixture(n, manifest), budget_s)
     return out
 
 
@@ -247,7 +195,6 @@ def hub_scale_main(argv: list[str]) -> int:
               f"herd {_fmt(h)}; re-join storm {_fmt(st)}; {_fmt_rr(r['release_recheck'])}; "
               f"load {os.getloadavg()[0]:.1f}", flush=True)
     if not a.no_rpc:
-        from rlsync.bench._hub_scale_rpc import rpc_throughput
         res["rpc"] = rpc_throughput(a.rpc_workers, a.rpc_clients, a.rpc_seconds, manifest, a.budget_s)
         rp = res["rpc"]
         print(f"RPC ({a.rpc_workers} workers, {a.rpc_clients} client processes, {rp['connections']} connections): "

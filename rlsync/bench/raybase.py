@@ -11,6 +11,7 @@ buckets; each round it `ray.put`s them (storage's push, the copy the paper calls
 and reader actors pinned to their hosts `ray.get` them (Ray's object manager pulls the chunks over
 the links, from whichever node already has a copy) and copy them into their own buffers. Timed:
 from the shared start (put included) to the last reader's copy done. One untimed warm-up round.
+The driver's and actors' code is the agent's `cmd_ray_store.py`; this is the benchmark's side.
 Teardown: the topology kills every process in its namespaces (never `ray stop`, which would stop
 other users' Ray on this machine).
 """
@@ -23,69 +24,11 @@ import sys
 import tempfile
 import time
 
-from .nsagent import STATE, command
+from .agent.protocol import GO_DELAY_S
 
 log = logging.getLogger(__name__)
 
 
-# ---------------------------------------------------------------- inside the hub's agent (the driver)
-@command("ray_driver")
-def _ray_driver(address: str, hosts: list[str], mib: float, seed: int, bucket_mib: float, token: str) -> dict:
-    os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token)
-    import ray
-
-    ray.init(address=address, logging_level="WARNING", log_to_driver=False)
-
-    @ray.remote(num_cpus=0)
-    class Holder:
-        def __init__(self, mib, seed, zero, bucket_mib):
-            from rlsync.bench.nsagent import build_model
-            self.m = build_model(mib, seed, zero=zero, bucket_mib=bucket_mib)
-
-        def mutate(self, step):
-            from rlsync.bench.nsagent import digest
-            for flat in self.m["buckets"]:
-                flat.add_(float(step))
-            return digest(self.m)
-
-        def put(self, at):
-            time.sleep(max(0.0, at - time.monotonic()))
-            t0 = time.monotonic()
-            ref = ray.put([b.numpy() for b in self.m["buckets"]])
-            return [ref], t0, time.monotonic()
-
-        def get(self, refs, at):
-            import torch
-
-            from rlsync.bench.nsagent import digest
-            time.sleep(max(0.0, at - time.monotonic()))
-            t0 = time.monotonic()
-            arrays = ray.get(refs[0])
-            for dst, src in zip(self.m["buckets"], arrays):
-                dst.copy_(torch.from_numpy(src))
-            t1 = time.monotonic()
-            return {"t0": t0, "t1": t1, "digest": digest(self.m)}
-
-    actors = {h: Holder.options(resources={f"host_{h}": 0.001}).remote(mib, seed, h != "trainer", bucket_mib)
-              for h in hosts}
-    ray.get([a.mutate.remote(0) for a in actors.values()])
-    STATE.extra["ray"] = actors
-    return {"nodes": len(ray.nodes())}
-
-
-@command("ray_round")
-def _ray_round(readers: list[str], step: int, go: float) -> dict:
-    import ray
-
-    actors = STATE.extra["ray"]
-    digest = ray.get(actors["trainer"].mutate.remote(step))
-    refs, p0, p1 = ray.get(actors["trainer"].put.remote(go))
-    res = ray.get([actors[h].get.remote(refs, p1) for h in readers])
-    del refs
-    return {"trainer_digest": digest, "put": [p0, p1], "readers": dict(zip(readers, res))}
-
-
-# ---------------------------------------------------------------- the benchmark's side
 class RayObjectStore:
     def __init__(self, cluster) -> None:
         self.c = cluster
@@ -131,7 +74,6 @@ class RayObjectStore:
         return None
 
     def round(self, readers: list[str]):
-        from .cluster import GO_DELAY_S
         self.step += 1
         go = time.monotonic() + GO_DELAY_S
         r = self.c.agents["hub"].call("ray_round", readers=readers, step=self.step, go=go)

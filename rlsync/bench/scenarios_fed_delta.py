@@ -6,7 +6,7 @@ traffic stays inside dc1 (they know only dc1's hub).
 
 Topology (rlsync/bench/scenarios_federation.py's `spec`): dc0 = {hub (home hubs), trainer}; dc1 =
 {hub1 (dc1's hubs), gw (dc1's gateway), R readers} behind the DC link. Every host holds a bf16 model,
-the trainer steps with `mutate_real` (scenarios_delta.py). Systems, each its own phase of
+the trainer steps with `mutate_real` (agent/cmd_delta.py). Systems, each its own phase of
 consecutive versions in one run (a warm-up round, then `--reps` timed rounds):
 - `rlsync delta (hub per DC)`: the trainer publishes v's delta, then v, to the home hub; the gateway
   (holding v-1) fetches the delta across, checks v, publishes the delta and v to dc1's hub; each
@@ -26,10 +26,11 @@ import logging
 import time
 
 from .cluster import BenchCluster, BenchConfig
-from .scenarios_delta import BUF, DELTA_BUF, _join, _median, _round, _setup, _summary, _tier_gbps, _wan_bytes
+from .delta_rounds import (BUF, DELTA_BUF, delta_round, join_clients, median, setup_bf16, summarize, tier_gbps,
+                           wan_bytes)
 from .scenarios_federation import spec as fed_spec
-from .scenarios_workloads import _base
 from .topo import parse_rate
+from .workload_specs import base_record
 
 log = logging.getLogger(__name__)
 FED_DELTA, FED_FULL, ONE_HUB = "rlsync delta (hub per DC)", "rlsync full (hub per DC)", "rlsync delta (one hub)"
@@ -40,8 +41,8 @@ def _start_fed(c: BenchCluster, name: str, planner: dict, delta: dict | None, po
     c.start_hub(name, planner, delta=delta)
     c.hubs[name + "1"] = c.agents["hub1"].call("hub_start", name=name + "1", ip=c.topo.ip("hub1"), planner=planner,
                                                delta=delta)
-    _join(c, name, ["trainer"])
-    _join(c, name + "1", pool)
+    join_clients(c, name, ["trainer"])
+    join_clients(c, name + "1", pool)
     g = c.join_args(name, "gw")
     c.agents["gw"].call("gateway_start", home=c.hubs[name], local=c.hubs[name + "1"], ip=g["ip"],
                         location=g["location"], transport=g["transport"], streams=g["streams"],
@@ -54,7 +55,7 @@ def _fed_round(c: BenchCluster, system: str, home: str, pool: list[str], frac: f
     v = c.version
     c.trainer_digest = c.agents["trainer"].call("mutate_real", buf=BUF, step=v, frac=frac)["digest"]
     delta = system == FED_DELTA
-    wan0 = _wan_bytes(c, 1)
+    wan0 = wan_bytes(c, 1)
     pub = c.agents["trainer"].call("publish_delta" if delta else "publish", client=home, model="policy", version=v,
                                    buf=BUF, **({"delta_first": True} if delta else {}))
     gw = c.agents["gw"].call("gateway_wait", version=v, within=600)
@@ -63,7 +64,7 @@ def _fed_round(c: BenchCluster, system: str, home: str, pool: list[str], frac: f
     cmd, buf = ("fetch_delta", DELTA_BUF) if delta else ("fetch", BUF)
     futs = {h: c.agents[h].submit(cmd, client=home + "1", model="policy", buf=buf) for h in pool}
     res = {h: f.result(900) for h, f in futs.items()}
-    wan = _wan_bytes(c, 1) - wan0
+    wan = wan_bytes(c, 1) - wan0
     c.agents["trainer"].call("release", client=home, model="policy", version=v)
     per = {h: r["t1"] - pub["t1"] for h, r in res.items()}
     exact = all(r["digest"] == c.trainer_digest and r["version"] == v for r in res.values())
@@ -80,9 +81,9 @@ def _fed_round(c: BenchCluster, system: str, home: str, pool: list[str], frac: f
 def _idle_rate(c: BenchCluster, seconds: float = 2.0) -> float:
     """Bytes per second entering dc1 while nothing happens but the gateway's polls (and heartbeats)."""
     c.wait_quiet()
-    w0, t0 = _wan_bytes(c, 1), time.monotonic()
+    w0, t0 = wan_bytes(c, 1), time.monotonic()
     time.sleep(seconds)  # a measuring window, not a synchronisation
-    return (_wan_bytes(c, 1) - w0) / (time.monotonic() - t0)
+    return (wan_bytes(c, 1) - w0) / (time.monotonic() - t0)
 
 
 def run_crossdc_delta_federated(cfg: BenchConfig, rollouts: int, dc_ratio: float, reps: int, frac: float,
@@ -92,20 +93,20 @@ def run_crossdc_delta_federated(cfg: BenchConfig, rollouts: int, dc_ratio: float
     rounds: dict[str, list[dict]] = {s: [] for s in systems}
     idle: dict[str, float] = {}
     planner = {**cfg.rlsync_planner(), "cross_dc_streams": 1}
-    tiers = _tier_gbps(parse_rate(cfg.nic_rate), sp.dc_link_rate_bps)
+    tiers = tier_gbps(parse_rate(cfg.nic_rate), sp.dc_link_rate_bps)
     with BenchCluster(sp, cfg) as c:
         pool = [h for h in c.readers if h.startswith("ro")]
-        _setup(c, ["trainer"] + pool)
+        setup_bf16(c, ["trainer"] + pool)
         for system in systems:
             hub = {FED_DELTA: "fd", FED_FULL: "ff", ONE_HUB: "one"}[system]
             if system == ONE_HUB:
                 c.start_hub(hub, planner, delta={"tier_gbps": tiers})
-                _join(c, hub, ["trainer"] + pool)
+                join_clients(c, hub, ["trainer"] + pool)
             else:
                 _start_fed(c, hub, planner, {"tier_gbps": tiers}, pool, deltas=system == FED_DELTA)
             for rep in range(reps + 1):        # rep 0: warm-up (every reader, and the gateway, then hold a version)
                 c.wait_quiet()
-                r = _fed_round(c, system, hub, pool, frac) if system != ONE_HUB else _round(c, "rlsync delta", hub,
+                r = _fed_round(c, system, hub, pool, frac) if system != ONE_HUB else delta_round(c, "rlsync delta", hub,
                                                                                            pool, frac)
                 log.info("rep %d %-26s v%d wall %.2fs stall %.2fs exact=%s modes=%s gw=%s delta=%d wan=%d", rep,
                          system, r["version"], r["wall_s"], r["stall_s"], r["exact"], r["modes"],
@@ -118,13 +119,13 @@ def run_crossdc_delta_federated(cfg: BenchConfig, rollouts: int, dc_ratio: float
             readers_client = hub if system == ONE_HUB else hub + "1"
             for h, client in [("trainer", hub)] + [(h, readers_client) for h in pool]:
                 c.agents[h].call("leave", client=client)  # this system's clients go: the next one's own the buffers
-        out = _base("crossdc", c, cfg)
+        out = base_record("crossdc", c, cfg)
     out["config"].update(rollouts=rollouts, dc_link_rate_bps=sp.dc_link_rate_bps, reps=reps, delta=True,
                          federated=True, update_frac=frac, model_dtype="bfloat16", hub_tier_gbps=tiers)
-    summary = _summary({"rlsync delta": rounds[FED_DELTA], "rlsync full": rounds[FED_FULL]},
+    summary = summarize({"rlsync delta": rounds[FED_DELTA], "rlsync full": rounds[FED_FULL]},
                        out["config"]["model_bytes"])
-    summary["total_stall_s_median"] = {s: _median([r["stall_s"] for r in rs]) for s, rs in rounds.items()}
-    summary["wall_s_median"] = {s: _median([r["wall_s"] for r in rs]) for s, rs in rounds.items()}
+    summary["total_stall_s_median"] = {s: median([r["stall_s"] for r in rs]) for s, rs in rounds.items()}
+    summary["wall_s_median"] = {s: median([r["wall_s"] for r in rs]) for s, rs in rounds.items()}
     summary["rounds"] = rounds
     summary["exact"] = all(r["exact"] for rs in rounds.values() for r in rs)
     summary["gateway_modes"] = {s: sorted({r["gateway_mode"] for r in rounds[s]}) for s in (FED_DELTA, FED_FULL)}

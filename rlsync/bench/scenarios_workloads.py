@@ -37,23 +37,16 @@ import time
 from pathlib import Path
 
 from . import register_scenario
-from .cluster import BenchCluster, BenchConfig, command_line, machine_info, skip_reason, write_outputs
+from .cluster import BenchCluster, BenchConfig, skip_reason, write_outputs
+from .scenarios_delta import run_crossdc_delta, run_elastic_delta
 from .scenarios_fanout import add_common_args, config_from, fanout_spec
-from .topo import TopologySpec, parse_rate
+from .scenarios_fed_delta import run_crossdc_delta_federated
+from .workload_specs import P2P_PLANNER, base_record, crossdc_spec
 
 log = logging.getLogger(__name__)
 
-P2P_PLANNER = {"fanout_cap": 1 << 20, "max_sources": 1}
 TRAINER_GPUS = 16
 """standalone's trainer group: a 32-GPU job split evenly with the 16-worker rollout pool."""
-
-
-def _base(name: str, c: BenchCluster, cfg: BenchConfig) -> dict:
-    return {"scenario": name,
-            "config": {"model_bytes": c.nbytes, "nic_rate": cfg.nic_rate, "chunk_mib": cfg.chunk_mib,
-                       "streams": cfg.streams, "transport": c.transport, "rlsync_planner": cfg.rlsync_planner()},
-            "ideal_one_transfer_s": round(c.nbytes * 8 / parse_rate(cfg.nic_rate), 3),
-            "machine": machine_info(), "command": command_line()}
 
 
 # ---------------------------------------------------------------- standalone
@@ -93,7 +86,7 @@ def run_standalone(cfg: BenchConfig, rollouts: int, steps: int, train_s: float, 
             for h, x in res.items():
                 ready_at[h] = x["t1"] + gen_s
             rl_steps.append({"rollout_stall_s": r.per_reader_s, "trainer_stall_s": rel["t1"] - rel["t0"]})
-        out = _base("standalone", c, cfg)
+        out = base_record("standalone", c, cfg)
 
     # The trainer group's other ranks wait for rank 0 at the group's next collective, so each
     # stalls exactly as long as rank 0's measured stall: counted `trainer_gpus` times.
@@ -154,7 +147,7 @@ def run_elastic(cfg: BenchConfig, holders: int, joiners: int, reps: int) -> dict
                     times[system].append(r.seconds)
                     per_reader[system] = r.per_reader_s
                 log.info("rep %d %-18s %d joiners: %.2fs exact=%s", rep, system, len(join), r.seconds, r.exact)
-        out = _base("elastic", c, cfg)
+        out = base_record("elastic", c, cfg)
     med = {s: sorted(v)[len(v) // 2] for s, v in times.items()}
     out["config"].update(holders=holders, joiners=joiners, reps=reps)
     out.update({"seconds_median": med, "seconds_runs": times, "per_joiner_s_last_rep": per_reader,
@@ -163,14 +156,6 @@ def run_elastic(cfg: BenchConfig, holders: int, joiners: int, reps: int) -> dict
 
 
 # ---------------------------------------------------------------- crossdc
-def crossdc_spec(rollouts: int, nic_rate: str, dc_ratio: float) -> TopologySpec:
-    half = (rollouts + 1) // 2
-    remote = {"r0": [f"ro{i}" for i in range(half)], "r1": [f"ro{i}" for i in range(half, rollouts)]}
-    return TopologySpec.from_dict({
-        "nic_rate": nic_rate, "dc_link_rate": int(parse_rate(nic_rate) * dc_ratio),
-        "dcs": {"dc0": {"r0": ["hub", "trainer"]}, "dc1": {k: v for k, v in remote.items() if v}}})
-
-
 def run_crossdc(cfg: BenchConfig, rollouts: int, dc_ratio: float, reps: int) -> dict:
     spec = crossdc_spec(rollouts, cfg.nic_rate, dc_ratio)
     stall = {"rlsync": [], "per-worker pull": []}
@@ -195,7 +180,7 @@ def run_crossdc(cfg: BenchConfig, rollouts: int, dc_ratio: float, reps: int) -> 
                     stall[system].append(sum(r.per_reader_s.values()))
                     wall[system].append(r.seconds)
                     last[system] = {"per_reader_s": r.per_reader_s, "sources": r.sources}
-        out = _base("crossdc", c, cfg)
+        out = base_record("crossdc", c, cfg)
         out["link_check_mbit"] = c.link_check
     med = {s: sorted(v)[len(v) // 2] for s, v in stall.items()}
     medw = {s: sorted(v)[len(v) // 2] for s, v in wall.items()}
@@ -338,7 +323,6 @@ def elastic_main(argv: list[str]) -> int:
         return rc
     t0 = time.monotonic()
     if a.delta:
-        from .scenarios_delta import run_elastic_delta
         return _finish(run_elastic_delta(config_from(a), a.holders, a.joiners, a.reps, a.behind, a.update_frac),
                        a.json, t0)
     return _finish(run_elastic(config_from(a), a.holders, a.joiners, a.reps), a.json, t0)
@@ -361,11 +345,9 @@ def crossdc_main(argv: list[str]) -> int:
         return rc
     t0 = time.monotonic()
     if a.delta and a.federated:
-        from .scenarios_fed_delta import run_crossdc_delta_federated
         return _finish(run_crossdc_delta_federated(config_from(a), a.rollouts, a.dc_ratio, a.reps, a.update_frac),
                        a.json, t0)
     if a.delta:
-        from .scenarios_delta import run_crossdc_delta
         return _finish(run_crossdc_delta(config_from(a), a.rollouts, a.dc_ratio, a.reps, a.update_frac,
                                          a.skip_p2p), a.json, t0)
     return _finish(run_crossdc(config_from(a), a.rollouts, a.dc_ratio, a.reps), a.json, t0)

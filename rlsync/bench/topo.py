@@ -334,11 +334,6 @@ class Topology:
         kw.setdefault("text", True)
         return subprocess.run(self.exec_argv(host, argv), **kw)
 
-    def qdiscs(self) -> dict[str, str]:
-        """`tc qdisc show` of every namespace (for the record in a benchmark's JSON)."""
-        return {ns: _run("ip", "netns", "exec", ns, "tc", "qdisc", "show", check=False).stdout
-                for ns in self.namespaces}
-
 
 def _raise_exit(signum, frame) -> None:
     raise SystemExit(128 + signum)

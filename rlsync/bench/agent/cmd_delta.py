@@ -1,6 +1,6 @@
 """Agent commands for the delta benchmarks (`crossdc --delta`, `elastic --delta`): a bf16 model, a
 real-like optimizer step, publish_delta and fetch_delta. Registered in the agent's command registry
-(rlsync/bench/nsagent.py imports this module).
+(the agent's `__main__` imports this module).
 
 The real-like step is calibrated on SmolLM2-135M (docs/deltas.md): after an AdamW step at the
 grpo_real recipe's lr, 3.5-8% of the bf16 weights change (4 steps), mostly by one unit in the last place.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from .nsagent import STATE, build_model, command, digest
+from .protocol import STATE, build_model, command, digest, join_hub
 
 
 @command("model_bf16")
@@ -72,10 +72,9 @@ def _fetch_delta(client: str, model: str, buf: str, version: int | str = "latest
 
 @command("join_and_fetch_delta")
 def _join_and_fetch_delta(join: dict, fetch: dict) -> dict:
-    from .nsagent import _join
     t0 = time.monotonic()
     if fetch["client"] not in STATE.clients:
-        _join(**join)
+        join_hub(**join)
     r = _fetch_delta(**fetch)
     r["t0"] = t0
     return r

@@ -1,12 +1,12 @@
 """Agent commands for the federated cross-DC benchmark (`python -m rlsync.bench fedcrossdc`): run a
 federation gateway (rlsync.hub.federation.gateway.Gateway) in this emulated host and wait for its commits.
-Registered in the agent's command registry (rlsync/bench/nsagent.py imports this module)."""
+Registered in the agent's command registry (the agent's `__main__` imports this module)."""
 from __future__ import annotations
 
 import threading
 import time
 
-from .nsagent import STATE, command
+from .protocol import STATE, command
 
 
 def _client_cfg(ip: str, transport: str | None, streams: int, chunk_mib: float, io_timeout_s: float):

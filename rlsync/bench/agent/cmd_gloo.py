@@ -9,16 +9,17 @@
   with a hub whose planner may only pick sources on the trainer's host
   (`PlannerConfig.source_hosts`):
   the only difference from rlsync is who serves, which is what the comparison is about.
-- Ray's object store — storage's shape: `rlsync.bench.raybase` (a Ray node per namespace).
+- Ray's object store — storage's shape: `rlsync.bench.raybase` (a Ray node per namespace; its agent
+  commands in `cmd_ray_store.py`).
 
-Functions decorated with `@command` run inside an agent process (`rlsync.bench.nsagent`).
+Functions decorated with `@command` run inside an agent process (`python -m rlsync.bench.agent`).
 """
 from __future__ import annotations
 
 import os
 import time
 
-from .nsagent import STATE, command
+from .protocol import STATE, command, digest
 
 
 # ---------------------------------------------------------------- gloo broadcast (NCCL's shape)
@@ -51,7 +52,6 @@ def _gloo_bcast(buf: str, group: str, src: int = 0) -> dict:
     for w in works:
         w.wait()
     t1 = time.monotonic()
-    from .nsagent import digest
     return {"t0": t0, "t1": t1, "digest": digest(STATE.models[buf])}
 
 
