@@ -44,8 +44,8 @@ from rlsync.hub.reshard import ShardedLayout
 from rlsync.hub.reshard_read import ReshardReader, zero_shard
 from rlsync.hub.shard import Shard
 
-from .vllm_engine import VllmEngine, WeightApplyError
-from .vllm_staging import WeightIntegrityError, checked_tensors, fused_staging, specs_of
+from .engine import VllmEngine, WeightApplyError
+from .staging import WeightIntegrityError, checked_tensors, fused_staging, specs_of
 
 log = logging.getLogger(__name__)
 

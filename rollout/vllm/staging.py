@@ -4,7 +4,7 @@
     for name, t in checked_tensors(staging, manifest): ...   # each unit re-checked before it is handed out
     specs_of(manifest)                          # (name, shape) the direct apply plans with
 
-`rollout.vllm_sync.HubWeightStage` uses these; `rollout.vllm_transfer` (vLLM's weight-transfer backend) too.
+`rollout.vllm.stage.HubWeightStage` uses these; `rollout.vllm.transfer_backend` (vLLM's weight-transfer backend) too.
 """
 from __future__ import annotations
 

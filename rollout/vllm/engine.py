@@ -20,7 +20,7 @@ checkpoint names, so each layer is re-processed as soon as its weights are in. W
 `VLLM_ENABLE_V1_MULTIPROCESSING=0` the worker runs in this process and reads the caller's
 tensors directly (no serialization, no copy besides vLLM's own repacking).
 
-Tensor parallel (`tensor_parallel_size=k > 1`, rollout/vllm_tp.py): vLLM runs k worker processes
+Tensor parallel (`tensor_parallel_size=k > 1`, rollout/vllm/tp.py): vLLM runs k worker processes
 (`mp` executor, gloo) with rlsync's worker extension; `apply` cannot reach them (it sends Python
 callables), so weights arrive by `join_hub` + `load_version`: every rank reads only its slices from
 the hub and applies them in place (named collective_rpc methods). A model TP=k cannot split is
@@ -39,7 +39,7 @@ from typing import Iterable
 
 import torch
 
-from .engine import Rollout
+from ..engine import Rollout
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ class VllmEngine:
     @dataclass(kw_only=True)
     class Config:
         model_dir: str | None = None
-        """HF directory of the model; None prepares SmolLM2-135M-Instruct (`rollout.model_dir`)."""
+        """HF directory of the model; None prepares SmolLM2-135M-Instruct (`rollout.vllm.model_dir`)."""
         dtype: str = "bfloat16"
         """Weights' dtype inside vLLM."""
         max_model_len: int = 512
@@ -127,7 +127,7 @@ class VllmEngine:
         gpu_memory_utilization: float = 0.5
         """Share of GPU memory vLLM may take (CUDA only)."""
         apply_mode: str = "direct"
-        """How `apply` writes a version: "direct" (rollout/vllm_direct.py: one converting copy per tensor
+        """How `apply` writes a version: "direct" (rollout/vllm/direct.py: one converting copy per tensor
         into buffers laid out like vLLM's fused parameters, then each layer's own repacking; falls back
         to the layerwise reload for a model it cannot place) or "layerwise" (vLLM's layerwise reload)."""
         tensor_parallel_size: int = 1
@@ -147,7 +147,7 @@ class VllmEngine:
             extra = {}
         else:  # workers are processes of their own: the caller must guard `__main__` (docs/vllm.md)
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.kv_cache_gib))
-            from .vllm_tp import EXTENSION
+            from .tp import EXTENSION
 
             extra = dict(tensor_parallel_size=tp, distributed_executor_backend="mp", worker_extension_cls=EXTENSION)
         # a directory without a tokenizer (a tiny test model): token ids in, token ids out
@@ -285,7 +285,7 @@ class VllmEngine:
         ZeRO-3 `ShardedLayout`; None: a whole-tensor version) and applies them in place. Waits for the
         batch in flight. A failed read on any rank raises and leaves every rank's weights and the
         engine's version as they were; a failed apply marks the engine broken (as `apply` does)."""
-        from .vllm_tp import TPLoadError, load_slices
+        from .tp import TPLoadError, load_slices
 
         with self._lock:
             try:
@@ -363,7 +363,7 @@ def _direct_reload(worker, specs, weights) -> set[str]:
     on the worker); the layerwise reload when the model cannot be planned."""
     from vllm.config import set_current_vllm_config
 
-    from .vllm_direct import direct_load, plan_direct
+    from .direct import direct_load, plan_direct
 
     runner = worker.model_runner
     model = runner.get_model()

@@ -11,7 +11,7 @@ Inside each worker (a process of its own under the `mp` executor) `TPSliceLoader
 rank (`tp_dests`): rows of q/k/v, gate/up (column-parallel), of the embedding and the head
 (vocab-parallel); columns of o_proj and down_proj (row-parallel); norms whole. The read moves only
 the units of the trainer's shards that overlap those ranges (hub/client_partial.py), copies the runs
-into per-rank tensors, and the direct apply (`vllm_direct`) writes them into the layer buffers and
+into per-rank tensors, and the direct apply (`direct.py`) writes them into the layer buffers and
 re-packs each layer: `plan_direct` checks every block against the rank's own parameter shapes
 (`output_partition_sizes`, `input_size_per_partition`), so a model partitioned otherwise (padded
 vocabulary, replicated KV heads) is refused, not loaded wrong.
@@ -28,7 +28,7 @@ from typing import Any
 
 from rlsync.hub.reshard import Dest, ShardedLayout, Slice, zero3_layout
 
-EXTENSION = "rlsync.rollout.vllm_tp.TPSliceLoader"
+EXTENSION = "rlsync.rollout.vllm.tp.TPSliceLoader"
 """`LLM(worker_extension_cls=EXTENSION)`: adds the `rlsync_*` methods to every vLLM worker."""
 
 APPLY_FAILED = "rlsync TP apply failed"
@@ -152,8 +152,8 @@ class TPSliceLoader:
         from vllm.config import set_current_vllm_config
         from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size, get_tp_group
 
-        from .vllm_direct import direct_load, plan_direct
-        from .vllm_engine import _reset_caches
+        from .direct import direct_load, plan_direct
+        from .engine import _reset_caches
 
         rank, parts = get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
         # One rank reads at a time: the hub advertises a partial reader as a relay while it plans, so
