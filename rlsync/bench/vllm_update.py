@@ -87,7 +87,8 @@ def run(rounds: int) -> dict:
     from rlsync.hub import HubClient, Location, start_embedded_hub
     from rlsync.rollout.vllm.model_dir import prepare_smollm2
     from rlsync.rollout.vllm.engine import VllmEngine
-    from rlsync.rollout.vllm.stage import HubWeightStage, specs_of
+    from rlsync.rollout.vllm.stage import HubWeightStage
+    from rlsync.rollout.vllm.staging import specs_of
 
     model_dir = prepare_smollm2()
     load_before = _load()

@@ -153,7 +153,7 @@ class TPSliceLoader:
         from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size, get_tp_group
 
         from .direct import direct_load, plan_direct
-        from .engine import _reset_caches
+        from .worker_apply import reset_caches
 
         rank, parts = get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
         # One rank reads at a time: the hub advertises a partial reader as a relay while it plans, so
@@ -190,7 +190,7 @@ class TPSliceLoader:
         try:
             with set_current_vllm_config(self.vllm_config):
                 seen = direct_load(net, plan, iter(got.tensors.items()))
-            _reset_caches(runner)
+            reset_caches(runner)
         except Exception as e:
             raise RuntimeError(f"{APPLY_FAILED} on rank {rank}: {e}") from e
         if len(seen) != len(got.tensors):

@@ -43,9 +43,9 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
-from .engine import layerwise_load, quiet_dtype_notes
+from .worker_apply import layerwise_load, quiet_dtype_notes
 from .direct import direct_load, plan_direct
-from .stage import checked_tensors, specs_of
+from .staging import checked_tensors, specs_of
 
 log = logging.getLogger(__name__)
 BACKEND = "rlsync"
