@@ -20,6 +20,7 @@ _EXPORTS = {
     "positive_int": ".cli_args", "positive_float": ".cli_args",
     "ShardedLayout": ".reshard", "zero3_layout": ".reshard", "ReshardReader": ".reshard_read",
     "publish_shard": ".reshard_read", "zero_shard": ".reshard_read", "dtype_name": ".manifest",
+    "Dest": ".reshard", "Slice": ".reshard", "dtype_from_name": ".manifest",
 }
 __all__ = sorted(_EXPORTS)
 

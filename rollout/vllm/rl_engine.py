@@ -65,7 +65,7 @@ class HubFedVllmEngine:
         """Take weights from `hub` (joined); prefetch each new version as it commits. `layout`: the
         trainer publishes ZeRO-3 partitions in this `ShardedLayout` (read whole, docs/resharding.md)."""
         if self.engine.config.tensor_parallel_size > 1:
-            self.engine.join_hub(hub.address, hub._token, hub.location.host, f"{hub.worker_id}-vllm")
+            self.engine.join_hub(hub.address, hub.token, hub.location.host, f"{hub.worker_id}-vllm")
             self._tp = (hub, model, layout)
             return
         self.stage = HubWeightStage(hub, self.engine, model, layout=layout)

@@ -40,9 +40,7 @@ from typing import Iterator
 
 import torch
 
-from rlsync.hub.reshard import ShardedLayout
-from rlsync.hub.reshard_read import ReshardReader, zero_shard
-from rlsync.hub.shard import Shard
+from rlsync.hub import ReshardReader, Shard, ShardedLayout, zero_shard
 
 from .engine import VllmEngine, WeightApplyError
 from .staging import WeightIntegrityError, checked_tensors, fused_staging, specs_of

@@ -26,7 +26,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from rlsync.hub.reshard import Dest, ShardedLayout, Slice, zero3_layout
+from rlsync.hub import Dest, ShardedLayout, Slice, zero3_layout
 
 EXTENSION = "rlsync.rollout.vllm.tp.TPSliceLoader"
 """`LLM(worker_extension_cls=EXTENSION)`: adds the `rlsync_*` methods to every vLLM worker."""
@@ -113,8 +113,7 @@ class TPSliceLoader:
         hub's partial reads address shards of a sharded layout only), cut here and released at once."""
         from types import SimpleNamespace
 
-        from rlsync.hub.reshard_read import ReshardReader
-        from rlsync.hub.shard import Shard
+        from rlsync.hub import ReshardReader, Shard
 
         if specs is not None:
             layout = zero3_layout({n: (tuple(int(x) for x in s), str(dt)) for n, (s, dt) in specs.items()}, int(world))
