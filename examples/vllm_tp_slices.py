@@ -7,7 +7,7 @@
 2. Two hub workers publish that version as ZeRO-3 partitions (what a 2-rank DeepSpeed trainer publishes);
    version 2 is published whole (one worker, whole tensors).
 3. `VllmEngine(tensor_parallel_size=2)` starts vLLM (two worker processes, gloo) with rlsync's worker
-   extension (`rollout/vllm_tp.py`) on each; `join_hub` joins each rank to the hub and `load_version`
+   extension (`rollout/vllm/tp.py`) on each; `join_hub` joins each rank to the hub and `load_version`
    makes each rank read its row/column blocks (v1: `ReshardReader.read`, only the units holding them;
    v2: the whole tensors, cut on the rank) and the direct apply writes them into its layers in place.
    Then a read of a version the hub never had fails (`TPLoadError`) and the engine keeps v2.
@@ -57,9 +57,9 @@ def main(argv=None) -> dict:
     from rlsync.hub.model.manifest import dtype_name
     from rlsync.hub.reshard.layout import zero3_layout
     from rlsync.hub.reshard.read import publish_shard
-    from rlsync.rollout.vllm_engine import VllmEngine
-    from rlsync.rollout.vllm_rollout import HubFedVllmEngine
-    from rlsync.rollout.vllm_tp import sha256 as digest, tp_dests
+    from rlsync.rollout.vllm.engine import VllmEngine
+    from rlsync.rollout.vllm.rl_engine import HubFedVllmEngine
+    from rlsync.rollout.vllm.tp import sha256 as digest, tp_dests
 
     d = tiny_llama(args.dir)
     hf = LlamaForCausalLM.from_pretrained(d, dtype=torch.float32).eval()

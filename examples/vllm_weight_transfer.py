@@ -38,7 +38,7 @@ class Engine:
         from vllm import LLM
         from vllm.config import WeightTransferConfig
 
-        from rlsync.rollout.vllm_transfer import register
+        from rlsync.rollout.vllm.transfer_backend import register
 
         register()  # the worker runs in this process: the factory must know "rlsync" here
         self.llm = LLM(model=model_dir, dtype="bfloat16", enforce_eager=True, max_model_len=256,
@@ -60,7 +60,7 @@ class Engine:
         self.llm.update_weight_version(version)
 
     def sync_state(self) -> dict:
-        from rlsync.rollout.vllm_transfer import worker_sync_state
+        from rlsync.rollout.vllm.transfer_backend import worker_sync_state
 
         return {**self.llm.collective_rpc(worker_sync_state)[0], "weight_version": self.llm.get_weight_version()}
 
@@ -89,8 +89,8 @@ def main(argv=None) -> dict:
     from vllm.distributed.weight_transfer import ModuleSource, RayVLLMWeightSyncClient, WeightTransferTrainerFactory
 
     from rlsync.hub import start_embedded_hub
-    from rlsync.rollout.model_dir import prepare_smollm2
-    from rlsync.rollout.vllm_transfer import RlsyncTrainerInitInfo, register
+    from rlsync.rollout.vllm.model_dir import prepare_smollm2
+    from rlsync.rollout.vllm.transfer_backend import RlsyncTrainerInitInfo, register
 
     register()
     model_dir = prepare_smollm2()

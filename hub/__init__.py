@@ -20,6 +20,7 @@ _EXPORTS = {
     "positive_int": ".cli_args", "positive_float": ".cli_args",
     "ShardedLayout": ".reshard.layout", "zero3_layout": ".reshard.layout", "ReshardReader": ".reshard.read",
     "publish_shard": ".reshard.read", "zero_shard": ".reshard.read", "dtype_name": ".model.manifest",
+    "Dest": ".reshard.layout", "Slice": ".reshard.layout", "dtype_from_name": ".model.manifest",
 }
 __all__ = sorted(_EXPORTS)
 

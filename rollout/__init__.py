@@ -1,7 +1,8 @@
 """rlsync.rollout: rollout workers' pieces — engines (a registry: `hf`), tasks, rewards, model loaders. See docs/trainer.md.
 
-Room rule: imports `rlsync.core`, never `rlsync.trainer`, the hub or driver files (pyproject's
-import-linter contracts, checked by tests/test_rooms.py).
+Room rule: imports `rlsync.core` and the hub's public face (`from rlsync.hub import X`), never
+`rlsync.trainer`, a private hub module or driver files (pyproject's import-linter contracts, checked by
+tests/test_rooms.py). The vLLM engine lives in `vllm/` (docs/vllm.md).
 """
 
 from .engine import Rollout, RolloutEngine, WeightMismatchError, build_hf_engine
@@ -10,7 +11,7 @@ from .registry import (ENGINES, MODEL_LOADERS, build_engine, register_engine, re
 from .rewards import Prompt, get_reward, register_reward
 from .tasks import Task, build_task, get_task, register_task
 from .tokenizer import CharTokenizer
-from . import vllm_rollout  # noqa: F401 - registers rollout.engine=vllm (imports vLLM only when built)
+from .vllm import rl_engine  # noqa: F401 - registers rollout.engine=vllm (imports vLLM only when built)
 
 __all__ = [
     "CharTokenizer", "ENGINES", "MODEL_LOADERS", "ModelLoader", "ModelPackageMissingError", "Prompt", "Rollout",

@@ -13,8 +13,8 @@ import os
 import re
 
 from rlsync.rollout import build_task
-from rlsync.rollout.model_dir import prepare_smollm2
-from rlsync.rollout.vllm_engine import VllmEngine
+from rlsync.rollout.vllm.model_dir import prepare_smollm2
+from rlsync.rollout.vllm.engine import VllmEngine
 
 
 def main() -> None:

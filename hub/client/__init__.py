@@ -99,6 +99,12 @@ class HubClient(Session, Publishing, Fetching, DeltaSync):
         version already held made into other buffers: `fetch_delta` into them starts from it."""
         self._reader_key = ReaderKey()  # proves to sources that this client is its tickets' reader
 
+    @property
+    def token(self) -> str:
+        """The credential this client presents: what another process of the same worker (a TP engine's
+        ranks) joins with. Read-only: a client's credential does not change."""
+        return self._token
+
     # ------------------------------------------------------------------ queries
     def latest(self, model: str) -> int | None:
         return self._call("latest", model=model)

@@ -4,7 +4,7 @@ In one run, the same engine, interleaved rounds (after one untimed warm-up of ea
 
 - lower bound: vLLM's layerwise reload from tensors already in the engine's process (with the tied
   lm_head re-packed: vLLM's own reload leaves it stale on CPU, docs/vllm.md);
-- direct floor: the engine's direct apply (rollout/vllm_direct.py, what the hub path applies with)
+- direct floor: the engine's direct apply (rollout/vllm/direct.py, what the hub path applies with)
   from tensors already in the engine's process: what the hub adds on top is the fetch alone;
 - hub: the trainer (a Ray actor, its own process) publishes its live fp32 tensors (no copy), the
   engine's `HubWeightStage.update` fetches them into its host staging replica and applies them;
@@ -85,9 +85,10 @@ def run(rounds: int) -> dict:
     import ray
 
     from rlsync.hub import HubClient, Location, start_embedded_hub
-    from rlsync.rollout.model_dir import prepare_smollm2
-    from rlsync.rollout.vllm_engine import VllmEngine
-    from rlsync.rollout.vllm_sync import HubWeightStage, specs_of
+    from rlsync.rollout.vllm.model_dir import prepare_smollm2
+    from rlsync.rollout.vllm.engine import VllmEngine
+    from rlsync.rollout.vllm.stage import HubWeightStage
+    from rlsync.rollout.vllm.staging import specs_of
 
     model_dir = prepare_smollm2()
     load_before = _load()

@@ -1,6 +1,6 @@
 """`EngineCaps`: how weights can get into a rollout engine, as the engine declares it.
 
-The rollout engines (rollout/engine.py, rollout/vllm_rollout.py) declare one as `sync_caps`; the weight-sync
+The rollout engines (rollout/engine.py, rollout/vllm/rl_engine.py) declare one as `sync_caps`; the weight-sync
 routes (rlsync/sync/, `caps_of`, the `WeightEngine` protocol) read it. It lives in this low room because both
 sides need it and the rollout room imports nothing of the hub or of rlsync.sync.
 """

@@ -15,9 +15,9 @@ def rig():
     import transformers
 
     from rlsync.hub import HubClient, Location, start_embedded_hub
-    from rlsync.rollout.model_dir import prepare_smollm2
-    from rlsync.rollout.vllm_engine import VllmEngine
-    from rlsync.rollout.vllm_sync import HubWeightStage
+    from rlsync.rollout.vllm.model_dir import prepare_smollm2
+    from rlsync.rollout.vllm.engine import VllmEngine
+    from rlsync.rollout.vllm.stage import HubWeightStage
     from vllm_helpers import new_version
 
     path = prepare_smollm2()

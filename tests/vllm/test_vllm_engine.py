@@ -58,7 +58,7 @@ def test_greedy_matches_trainer_first_tokens(rig):
 
 
 def test_direct_apply_equals_layerwise_and_repacks_the_tied_head(rig):
-    """The direct apply (the default, rollout/vllm_direct.py) and vLLM's layerwise reload leave the
+    """The direct apply (the default, rollout/vllm/direct.py) and vLLM's layerwise reload leave the
     engine identical for the same weights (greedy tokens and log-probs), and both re-pack the tied
     lm_head: a version that moves the embedding far is followed by vLLM's log-probs (a stale head,
     what vLLM's own reload leaves on CPU, put them ~25 nats per token away)."""
@@ -143,8 +143,8 @@ def test_update_never_tears_a_batch(rig):
 def test_corrupt_staging_fails_loudly_and_recovers(rig):
     """A staging byte flipped after the fetch: the apply raises, the engine refuses to generate,
     the corrupt replica is withdrawn; a fresh update of the same version works again."""
-    from rlsync.rollout.vllm_engine import WeightApplyError
-    from rlsync.rollout.vllm_sync import WeightIntegrityError
+    from rlsync.rollout.vllm.engine import WeightApplyError
+    from rlsync.rollout.vllm.stage import WeightIntegrityError
 
     v = rig.publish(seed=9)
     rig.stage.prefetch(v)
@@ -227,7 +227,7 @@ def test_sharded_zero3_version_lands_fused_in_staging_and_applies_exactly(rig):
     from rlsync.hub.reshard.layout import record, zero3_layout
     from rlsync.hub.reshard.read import publish_shard
     from rlsync.hub.model.manifest import dtype_name
-    from rlsync.rollout.vllm_sync import HubWeightStage
+    from rlsync.rollout.vllm.stage import HubWeightStage
     from vllm_helpers import new_version
 
     new_version(rig.params, rig.base, seed=21)

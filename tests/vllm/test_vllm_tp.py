@@ -43,8 +43,8 @@ def test_tp2_ranks_read_their_slices_bit_exact_and_vllm_follows(tmp_path):
 
 
 def test_tp_engine_refuses_what_it_cannot_split_before_vllm_starts(tmp_path):
-    from rlsync.rollout.model_dir import prepare_smollm2
-    from rlsync.rollout.vllm_engine import TensorParallelError, VllmEngine
+    from rlsync.rollout.vllm.model_dir import prepare_smollm2
+    from rlsync.rollout.vllm.engine import TensorParallelError, VllmEngine
 
     smollm2 = prepare_smollm2()  # 9 heads, 3 KV heads
     with pytest.raises(TensorParallelError, match="num_attention_heads=9 is not divisible by tensor_parallel_size=2"):

@@ -11,7 +11,7 @@ Inside each worker (a process of its own under the `mp` executor) `TPSliceLoader
 rank (`tp_dests`): rows of q/k/v, gate/up (column-parallel), of the embedding and the head
 (vocab-parallel); columns of o_proj and down_proj (row-parallel); norms whole. The read moves only
 the units of the trainer's shards that overlap those ranges (hub/client/partial.py), copies the runs
-into per-rank tensors, and the direct apply (`vllm_direct`) writes them into the layer buffers and
+into per-rank tensors, and the direct apply (`direct.py`) writes them into the layer buffers and
 re-packs each layer: `plan_direct` checks every block against the rank's own parameter shapes
 (`output_partition_sizes`, `input_size_per_partition`), so a model partitioned otherwise (padded
 vocabulary, replicated KV heads) is refused, not loaded wrong.
@@ -26,9 +26,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from rlsync.hub.reshard.layout import Dest, ShardedLayout, Slice, zero3_layout
+from rlsync.hub import Dest, ShardedLayout, Slice, zero3_layout
 
-EXTENSION = "rlsync.rollout.vllm_tp.TPSliceLoader"
+EXTENSION = "rlsync.rollout.vllm.tp.TPSliceLoader"
 """`LLM(worker_extension_cls=EXTENSION)`: adds the `rlsync_*` methods to every vLLM worker."""
 
 APPLY_FAILED = "rlsync TP apply failed"
@@ -113,8 +113,7 @@ class TPSliceLoader:
         hub's partial reads address shards of a sharded layout only), cut here and released at once."""
         from types import SimpleNamespace
 
-        from rlsync.hub.reshard.read import ReshardReader
-        from rlsync.hub.model.shard import Shard
+        from rlsync.hub import ReshardReader, Shard
 
         if specs is not None:
             layout = zero3_layout({n: (tuple(int(x) for x in s), str(dt)) for n, (s, dt) in specs.items()}, int(world))
@@ -152,8 +151,8 @@ class TPSliceLoader:
         from vllm.config import set_current_vllm_config
         from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size, get_tp_group
 
-        from .vllm_direct import direct_load, plan_direct
-        from .vllm_engine import _reset_caches
+        from .direct import direct_load, plan_direct
+        from .worker_apply import reset_caches
 
         rank, parts = get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
         # One rank reads at a time: the hub advertises a partial reader as a relay while it plans, so
@@ -190,7 +189,7 @@ class TPSliceLoader:
         try:
             with set_current_vllm_config(self.vllm_config):
                 seen = direct_load(net, plan, iter(got.tensors.items()))
-            _reset_caches(runner)
+            reset_caches(runner)
         except Exception as e:
             raise RuntimeError(f"{APPLY_FAILED} on rank {rank}: {e}") from e
         if len(seen) != len(got.tensors):

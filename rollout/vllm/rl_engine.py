@@ -12,10 +12,10 @@ so weights go through the `HubWeightStage` (docs/vllm.md); `named_parameters_for
 `sync_caps` (an `EngineCaps`) says so to the weight-sync routes (rlsync/sync/).
 At `tensor_parallel_size` k > 1 (`pools.<name>.engine.tensor_parallel_size`) there is no staging: each
 vLLM TP rank joins the hub and `update_latest` makes every rank read only its slices of the version
-and apply them in place (`VllmEngine.load_version`, rollout/vllm_tp.py); no prefetch, so the read is
+and apply them in place (`VllmEngine.load_version`, rollout/vllm/tp.py); no prefetch, so the read is
 inside the pause (`apply_staged` / `prefetch_latest` do nothing).
 The engine loads its own copy of the model (`model_dir`, default SmolLM2 prepared by
-`rollout.model_dir`); the loader's model, if any, is not used. Each update returns a
+`rollout.vllm.model_dir`); the loader's model, if any, is not used. Each update returns a
 `SyncStats` (fetch_s, apply_s, pause_s) the worker records as an `engine_update` event.
 """
 from __future__ import annotations
@@ -24,10 +24,10 @@ import logging
 import time
 from typing import Any
 
-from .engine import EngineCaps
-from .registry import register_engine
-from .vllm_engine import VllmEngine
-from .vllm_sync import HubWeightStage, SyncStats
+from ..engine import EngineCaps
+from ..registry import register_engine
+from .engine import VllmEngine
+from .stage import HubWeightStage, SyncStats
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class HubFedVllmEngine:
         """Take weights from `hub` (joined); prefetch each new version as it commits. `layout`: the
         trainer publishes ZeRO-3 partitions in this `ShardedLayout` (read whole, docs/resharding.md)."""
         if self.engine.config.tensor_parallel_size > 1:
-            self.engine.join_hub(hub.address, hub._token, hub.location.host, f"{hub.worker_id}-vllm")
+            self.engine.join_hub(hub.address, hub.token, hub.location.host, f"{hub.worker_id}-vllm")
             self._tp = (hub, model, layout)
             return
         self.stage = HubWeightStage(hub, self.engine, model, layout=layout)

@@ -2,7 +2,7 @@
 
 Inference side (in every vLLM worker process, before the engine starts):
 
-    from rlsync.rollout.vllm_transfer import register
+    from rlsync.rollout.vllm.transfer_backend import register
     register()                                    # WeightTransferEngineFactory + ...TrainerFactory
     llm = LLM(model=..., weight_transfer_config=WeightTransferConfig(backend="rlsync"))
 
@@ -18,7 +18,7 @@ What happens: `send_weights` publishes the source's live tensors as the next ver
 `{"version": v}` in the update info. Each engine's worker fetches v from the hub's best replica
 (topology-aware: the trainer or any engine already holding v, relays pipelined), into its host
 staging buffers, checks every unit against the manifest, and applies it (the direct apply of
-rollout/vllm_direct.py; vLLM's layerwise reload for a model it cannot place). When all engines
+rollout/vllm/direct.py; vLLM's layerwise reload for a model it cannot place). When all engines
 are done, the trainer releases v: its buffers are free for the next optimizer step, and v stays
 retrievable from the engines (no copy on the trainer when an engine holds it; the hub's retention protocol offload-seeds only when nobody else does). An engine
 started later (elastic) runs `init_weight_transfer_engine` and one update of the current version:
@@ -43,9 +43,9 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
-from .vllm_engine import layerwise_load, quiet_dtype_notes
-from .vllm_direct import direct_load, plan_direct
-from .vllm_sync import checked_tensors, specs_of
+from .worker_apply import layerwise_load, quiet_dtype_notes
+from .direct import direct_load, plan_direct
+from .staging import checked_tensors, specs_of
 
 log = logging.getLogger(__name__)
 BACKEND = "rlsync"

@@ -40,12 +40,10 @@ from typing import Iterator
 
 import torch
 
-from rlsync.hub.reshard.layout import ShardedLayout
-from rlsync.hub.reshard.read import ReshardReader, zero_shard
-from rlsync.hub.model.shard import Shard
+from rlsync.hub import ReshardReader, Shard, ShardedLayout, zero_shard
 
-from .vllm_engine import VllmEngine, WeightApplyError
-from .vllm_staging import WeightIntegrityError, checked_tensors, fused_staging, specs_of
+from .engine import VllmEngine, WeightApplyError
+from .staging import WeightIntegrityError, checked_tensors, fused_staging, specs_of
 
 log = logging.getLogger(__name__)
 

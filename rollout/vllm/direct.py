@@ -1,6 +1,6 @@
 """Direct apply: a new weight version into a running vLLM model without its per-tensor reload path.
 
-vLLM's layerwise reload (`vllm_engine.layerwise_load`) restores every layer's parameters on the
+vLLM's layerwise reload (`worker_apply.layerwise_load`) restores every layer's parameters on the
 meta device, wraps every weight loader, buffers each tensor's bound arguments, materializes the
 layer, replays the loaders (a narrow + copy per checkpoint tensor) and then runs the layer's
 `process_weights_after_loading`. On the CPU backend that last step is what matters: it repacks a

