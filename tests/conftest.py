@@ -8,6 +8,8 @@ one worker while the other sits idle. Without -n, everything runs in this one pr
 """
 import os
 
+import pytest
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 
@@ -18,7 +20,7 @@ LONGEST_FIRST = [
     "rl/test_attach_from_shell.py",
     "vllm/test_grpo_real_e2e.py",
     "rl/test_elastic_trainer.py",
-    "hub/test_processes.py",
+    "hub/server/test_processes.py",
     "chaos/test_chaos.py",
     "rl/test_pools.py",
     "vllm/test_vllm_engine.py",
@@ -28,9 +30,9 @@ LONGEST_FIRST = [
     "trainer/test_trainer_backend_deepspeed.py",
     "rl/test_zero3_sharded_rl.py",
     "trainer/test_zero3_sharded_publish.py",
-    "hub/test_faults.py",
+    "hub/server/test_faults.py",
     "rl/test_rl_config.py",
-    "hub/test_failover.py",
+    "hub/server/test_failover.py",
     "rl/test_rl_loop.py",
     "rl/test_sync_modes.py",
     "bench/test_topo.py",
@@ -94,3 +96,10 @@ def _deepspeed_shm_op():
     end = time.monotonic() + 300
     while proc.poll() is None and not os.path.exists(lock) and time.monotonic() < end:
         time.sleep(0.1)  # polling for the lock the build takes once DeepSpeed is imported (~5-10 s)
+
+
+@pytest.fixture
+def wait_until():
+    """`wait_for` (tests/waiting.py): wait on a condition instead of sleeping."""
+    from waiting import wait_for
+    return wait_for

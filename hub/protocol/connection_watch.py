@@ -13,7 +13,7 @@ a *blocking* send into an inproc PAIR whose queue holds ~2000 events by default.
 good: every ZeroMQ socket of the process goes silent — its clients, and an embedded hub that still
 logs "hub serving" but answers nobody (what one CI worker showed on 2026-11-23: 15 tests timed out
 joining fresh hubs, for the rest of that worker). So our monitor queues are unbounded, and a control
-channel monitors only during a call (tests/hub/test_monitor_flood.py).
+channel monitors only during a call (tests/hub/protocol/test_monitor_flood.py).
 """
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ class HubConnectionWatch:
     While the hub is down the socket is made anew every `RENEW_S`: libzmq 4.3.5 stops reconnecting a
     socket for good after a handshake with an incompatible peer (another ZeroMQ service that took the
     hub's port meanwhile), and a watch stuck "down" would keep the heartbeat from ever trying again
-    (tests/hub/test_port_squatter.py)."""
+    (tests/hub/protocol/test_port_squatter.py)."""
 
     RENEW_S = 1.0
 

@@ -238,7 +238,7 @@ class RpcChannel:
         """Queue the request without ever blocking. A DEALER with no connection to queue on blocks its
         send for good: libzmq 4.3.5 stops reconnecting a socket after a handshake with an incompatible
         peer (another ZeroMQ service that took the hub's port during an outage). Such a socket is
-        dropped and the try fails; the retry makes a new one (tests/hub/test_port_squatter.py)."""
+        dropped and the try fails; the retry makes a new one (tests/hub/protocol/test_port_squatter.py)."""
         try:
             # wait_s: this try's time; the hub answers a request it parks (waiting for a holder) before it
             sock.send_multipart([b"", pack({"id": rid, "op": op, "token": self.token, "args": args,

@@ -12,7 +12,7 @@ Every insert, delete and source change updates one `StateIndex`:
     crossing        (model, version, DC) -> open fetches into the DC that read from another DC
     shard_fetches / relay_fetches / reader_fetches / fetch_versions / replica_versions
 
-Each answer equals the scan over the whole table it replaces (tests/hub/test_scale_equivalence.py
+Each answer equals the scan over the whole table it replaces (tests/hub/state/test_scale_equivalence.py
 runs random operation sequences against the scans). A worker's location is read when its replica
 is indexed; a re-join that moves a worker rebuilds the index (`rebuild`), which is rare.
 """

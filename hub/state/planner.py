@@ -20,7 +20,7 @@ Rules, in order (DESIGN.md §2):
 
 At scale the hub does not offer every holder: `Fetches._nearest_sources` (hub/state/fetches.py) hands
 over only what rules 1-3 let this planner pick (the nearest tier with a source under the cap). A rule
-change here must keep that cut exact; tests/hub/test_scale_equivalence.py compares against the full list.
+change here must keep that cut exact; tests/hub/state/test_scale_equivalence.py compares against the full list.
 
     >>> from rlsync.hub.model.location import Location
     >>> here = Location(host="a")

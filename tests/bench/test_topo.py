@@ -160,7 +160,7 @@ def test_small_workload_scenarios_exact_and_clean(scenario):
 def test_small_crossdc_delta_exact_and_crosses_once():
     """`crossdc --delta`, tiny: every reader's bytes exact after a delta; the trainer served the delta
     exactly once across the DC link (the other readers got it from relays inside dc1). The elastic
-    delta path (a chain from peers) is covered in tests/hub/test_delta_fetch.py, without namespaces."""
+    delta path (a chain from peers) is covered in tests/hub/delta/test_delta_fetch.py, without namespaces."""
     from rlsync.bench import scenarios_delta as d
     from rlsync.bench.cluster import BenchConfig
 

@@ -1,5 +1,3 @@
-import time
-
 import pytest
 
 from rlsync.hub import HubClient, Location, start_embedded_hub
@@ -31,18 +29,3 @@ def make_client(hub):
     yield make
     for c in clients:
         c.leave()
-
-
-def poll_until(cond, timeout_s: float = 30.0, what: str = "condition") -> float:
-    """Poll `cond` every 20 ms until it is true; returns the seconds it took. Fails past `timeout_s`."""
-    t0 = time.monotonic()
-    while not cond():
-        assert time.monotonic() - t0 < timeout_s, f"{what}: not within {timeout_s}s"
-        time.sleep(0.02)
-    return time.monotonic() - t0
-
-
-@pytest.fixture
-def wait_until():
-    """Wait on a condition instead of sleeping (a loaded 2-core machine makes fixed sleeps race)."""
-    return poll_until

@@ -20,14 +20,7 @@ import pytest
 
 from rlsync.telemetry.loggers import read_jsonl
 
-
-def _wait(cond, timeout_s, every_s=0.5):
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(every_s)
-    return bool(cond())
+from waiting import wait_for  # tests/waiting.py
 
 
 def _shell_env(home, **extra):
@@ -74,7 +67,7 @@ def test_pool_attaches_from_another_shell_to_a_job_started_as_a_process(tmp_path
         stderr=subprocess.STDOUT, start_new_session=True)
     try:
         job_file, token_file = run_dir / "job.json", run_dir / "ray_auth_token"
-        assert _wait(lambda: job_file.exists() or job.poll() is not None, 240), "the job never wrote job.json"
+        wait_for(lambda: job_file.exists() or job.poll() is not None, 240, "the job writing job.json", every_s=0.5)
         assert job.poll() is None, (tmp_path / "job.log").read_text()[-3000:]
         info = json.loads(job_file.read_text())
         assert info["ray_auth_mode"] == auth
@@ -110,7 +103,7 @@ def test_pool_attaches_from_another_shell_to_a_job_started_as_a_process(tmp_path
         assert _table_value(log, "workers left") == "2", log[-3000:]
     assert not job_file.exists() and not token_file.exists(), log[-3000:]
     host, port = info["ray_address"].rsplit(":", 1)  # the job's own Ray cluster went with it
-    assert _wait(lambda: not _accepts(host, int(port)), 60), f"{info['ray_address']} still up"
+    wait_for(lambda: not _accepts(host, int(port)), 60, f"{info['ray_address']} going down", every_s=0.5)
     if auth == "token":
         _check_metrics_and_peer_fetches(run_dir, wids)
 
@@ -131,7 +124,7 @@ def _join_and_leave(cli_home, run_dir) -> set[str]:
     wids = {line.split("hub worker ")[1].split(",")[0] for line in out.splitlines() if "hub worker" in line}
     assert "spot2" in _cli(cli_home, "list", "--job", str(run_dir))
     # its workers' samples in the metrics of at least two steps, then let it go
-    assert _wait(lambda: _steps_with(run_dir, "pool/spot2/workers") >= 2, 180)
+    wait_for(lambda: _steps_with(run_dir, "pool/spot2/workers") >= 2, 180, "steps with spot2's workers", every_s=0.5)
     assert "left the job" in _cli(cli_home, "leave", "--job", str(run_dir), "--pool", "spot2")
     return wids
 

@@ -30,6 +30,8 @@ from rlsync.hub.protocol.tickets import ReaderKey, Ticket, TicketSigner, TicketV
 from rlsync.hub.dataplane.transports import choose_transport, get_transport, rdma
 from rlsync.hub.dataplane.transports import rdma_logic as L
 
+from waiting import wait_for  # tests/waiting.py
+
 GID = "fe80:0000:0000:0000:0202:c9ff:fe00:0001"
 
 
@@ -419,16 +421,6 @@ def fake_rdma(monkeypatch):
     server.close()
 
 
-def eventually(cond, timeout=5.0) -> bool:
-    """The server's teardown runs on its own thread, just after the read is counted drained."""
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.01)
-    return True
-
-
 def fake_read(endpoint, rep, units=None):
     dest = LocalReplica("dest", rep.manifest, allocate(rep.manifest), full=False)
     tk = SIGNER.sign(Ticket("f1", "reader", READER.public_bytes, "src", rep.id, 2e9))
@@ -455,7 +447,7 @@ def test_fake_verbs_exact_bytes_window_and_teardown(fake_rdma):
     assert max(op.length for op in fabric.reads) == 16 << 10  # 64 KiB units cut into 16 KiB READs
     assert fabric.max_outstanding == 3  # the window
     assert rep.wait_drained(5)  # the server counted the read drained after the reader's "done"
-    assert eventually(lambda: fabric.closed == 2)  # both queue pairs destroyed
+    wait_for(lambda: fabric.closed == 2, 5.0, "both queue pairs destroyed")
 
 
 def test_fake_verbs_error_completion_fails_the_read_cleanly(fake_rdma):
@@ -466,7 +458,8 @@ def test_fake_verbs_error_completion_fails_the_read_cleanly(fake_rdma):
     store.add(rep)
     with pytest.raises(E.TransferError, match="retry counter exceeded"):
         fake_read(endpoint, rep)
-    assert rep.wait_drained(5) and eventually(lambda: fabric.closed == 2)
+    assert rep.wait_drained(5)
+    wait_for(lambda: fabric.closed == 2, 5.0, "both queue pairs destroyed")
     fabric.fail_read = None
     dest, _ = fake_read(endpoint, rep)  # the server is unharmed
     assert dest.complete

@@ -15,6 +15,8 @@ from rlsync.hub.tools.procs import WorkerProcess, close_all
 from rlsync.hub.server.loop import start_embedded_hub
 from rlsync.hub.state import HubConfig
 
+from waiting import wait_for  # tests/waiting.py
+
 pytestmark = pytest.mark.timeout(300)
 
 
@@ -320,16 +322,6 @@ def unread_bytes_at(port: int) -> int:
     return total
 
 
-def within(timeout_s: float, cond) -> bool:
-    """Poll `cond` every 20 ms for up to `timeout_s`; whether it became true."""
-    end = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.02)
-    return True
-
-
 def test_a_first_heartbeat_lost_with_the_hub_is_sent_again_at_once(tmp_path):
     """A worker's first heartbeat is in the hub's socket, unread, when the hub is killed (a worker that
     joined one heartbeat period before the kill). The heartbeat channel is new, but the client's join
@@ -353,7 +345,7 @@ def test_a_first_heartbeat_lost_with_the_hub_is_sent_again_at_once(tmp_path):
                 channel = client._heartbeat_channel()  # as the heartbeat thread makes it: never used yet
                 os.kill(proc.pid, signal.SIGSTOP)      # the hub receives nothing from here on
                 beat = ex.submit(channel.call, "heartbeat", wid=client.worker_id, attempt_s=30.0)
-                if within(5.0, lambda: unread_bytes_at(port) > 0):
+                if wait_for(lambda: unread_bytes_at(port) > 0, 5.0, fail=False) is not None:
                     break  # the heartbeat sits in the stopped hub's socket
                 # The stop caught the channel's ZeroMQ handshake half-way: the heartbeat is still queued
                 # in the client, not with the hub. Let the hub answer it, and set the scene again.

@@ -3,7 +3,7 @@
 Random operation sequences (join / re-join / move, publish incl. tp=2 groups and reader groups, fetch
 plans, re-plans, completions, registrations and seeds, releases with and without hand-off, release
 polls, heartbeats with their drops and tasks, expiry, leave) run on `HubState` and on `ScanState`
-(tests/hub/scan_reference.py: the old scan-based queries). Every answer (plans with their sources and
+(tests/hub/state/scan_reference.py: the old scan-based queries). Every answer (plans with their sources and
 units, release outcomes, drops, errors) and the whole state after every step must be equal; the
 index must also equal one rebuilt from scratch.
 """
@@ -21,7 +21,7 @@ from rlsync.hub.model.shard import Shard
 from rlsync.hub.state import HubConfig, HubState
 from rlsync.hub.state.index import StateIndex
 
-from scan_reference import ScanState  # tests/hub/scan_reference.py
+from scan_reference import ScanState  # tests/hub/state/scan_reference.py
 
 MANY = build_manifest({"w": torch.arange(16, dtype=torch.float32)}, ManifestConfig(chunk_bytes=8, pack_below=0))
 SHARDS = {1: [Shard()], 2: [Shard(tp=0, tp_size=2), Shard(tp=1, tp_size=2)]}

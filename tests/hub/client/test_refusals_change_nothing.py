@@ -1,12 +1,13 @@
 """Issue 30: a refusal changes nothing. A refused `adopt` keeps the worker's valid replica (client and hub
 agree), destination buffers that alias each other are refused before anything moves, and the client's
-replica book equals the hub's after every error path (`book_agrees`, also used by the randomized test in
-test_book_invariant.py)."""
+replica book equals the hub's after every error path (`book_agrees`, tests/hub/books.py)."""
 import pytest
 import torch
 
 from rlsync.hub import errors as E
 from rlsync.hub.model.shard import Shard
+
+from books import book_agrees  # tests/hub/books.py
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -14,22 +15,6 @@ pytestmark = pytest.mark.timeout(60)
 def model(seed: int = 0) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return {"w": torch.randn(256, 64, generator=g), "b": torch.randn(64, generator=g)}
-
-
-def hub_book(hub, wid: str) -> set[str]:
-    """The full replicas the hub lists for worker `wid` (white-box: the embedded hub's state)."""
-    for _ in range(50):
-        try:
-            return {rid for rid, r in list(hub.server.state.replicas.items()) if r.worker == wid and r.full}
-        except RuntimeError:  # the hub thread changed the table while we copied it
-            continue
-    raise AssertionError("could not read the hub's replica table")
-
-
-def book_agrees(hub, client) -> None:
-    mine = {rid for rid in client.held() if (rep := client.store.get(rid)) is not None and rep.complete}
-    assert set(client.held()) == mine, "the client lists replicas its store does not hold in full"
-    assert mine == hub_book(hub, client.worker_id), "client and hub disagree on what this worker holds"
 
 
 def test_a_refused_adopt_keeps_the_valid_replica_it_already_held(hub, make_client):

@@ -12,7 +12,7 @@ from rlsync.hub.server.loop import start_embedded_hub
 from rlsync.hub.state import HubConfig
 
 from test_delta import model, real_like_step  # tests/hub is on sys.path (pytest's rootdir-less import)
-from test_refusals_change_nothing import book_agrees
+from books import book_agrees  # tests/hub/books.py
 
 pytestmark = pytest.mark.timeout(120)
 CFG = ClientConfig(manifest=ManifestConfig(chunk_bytes=4096, pack_below=512, pack_bytes=2048), transport="tcp-py")

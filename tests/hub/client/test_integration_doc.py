@@ -2,7 +2,7 @@
 import pathlib
 import re
 
-DOC = pathlib.Path(__file__).resolve().parents[2] / "docs" / "integration.md"
+DOC = pathlib.Path(__file__).resolve().parents[3] / "docs" / "integration.md"
 
 
 def test_integration_snippet_runs_and_is_short():

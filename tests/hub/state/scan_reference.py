@@ -2,7 +2,7 @@
 
 `ScanState` is `HubState` with each indexed query (hub/state/index.py) answered by the plain scan the
 hub used before issue 19 (plans, retention, expiry and drops then read only the scans).
-tests/hub/test_scale_equivalence.py runs random operation sequences on both and compares everything.
+tests/hub/state/test_scale_equivalence.py runs random operation sequences on both and compares everything.
 """
 from __future__ import annotations
 
