@@ -98,12 +98,26 @@ class HubClient(Session, Publishing, Fetching, DeltaSync):
         """(model, shard key) -> (version, manifest, data pointers) of the last private copy a fetch of a
         version already held made into other buffers: `fetch_delta` into them starts from it."""
         self._reader_key = ReaderKey()  # proves to sources that this client is its tickets' reader
+        self._pull_fault: Callable | None = None  # fault injection on the data plane (set_pull_fault)
 
     @property
     def token(self) -> str:
         """The credential this client presents: what another process of the same worker (a TP engine's
         ranks) joins with. Read-only: a client's credential does not change."""
         return self._token
+
+    # ------------------------------------------------------------------ seams for tests and tools
+    def observe_rpc(self, fn: Callable[[str, dict, object], None]) -> Callable[[], None]:
+        """Call `fn(op, args, result)` after each control call this client's channel made and the hub
+        answered (not its heartbeats). Returns a function that stops it."""
+        self._rpc.observers.append(fn)
+        return lambda: self._rpc.observers.remove(fn)
+
+    def set_pull_fault(self, fn: Callable | None) -> None:
+        """Fault injection for tests: every data-plane pull of a fetch goes through
+        `fn(sources, dest, pull)`, which may change the sources, call `pull(sources)` (the real pull:
+        returns (failed replica ids, errors)) and return (failed, errors) of its own. None: off."""
+        self._pull_fault = fn
 
     # ------------------------------------------------------------------ queries
     def latest(self, model: str) -> int | None:

@@ -261,7 +261,13 @@ class Fetching:
             pass
 
     def _pull_all(self, sources: list[dict], dest: LocalReplica, per_source: dict, used: dict, on_unit=None):
-        """Pull every source's units in parallel; returns (failed replica ids, errors)."""
+        """Pull every source's units in parallel; returns (failed replica ids, errors). Through the
+        client's pull fault hook when one is set (`HubClient.set_pull_fault`)."""
+        if self._pull_fault is not None:
+            return self._pull_fault(sources, dest, lambda srcs: self._pull(srcs, dest, per_source, used, on_unit))
+        return self._pull(sources, dest, per_source, used, on_unit)
+
+    def _pull(self, sources: list[dict], dest: LocalReplica, per_source: dict, used: dict, on_unit=None):
         failed: list[str] = []
         errors: list[BaseException] = []
         report = threading.Lock()

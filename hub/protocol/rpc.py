@@ -132,6 +132,8 @@ class RpcChannel:
         self.answered = False
         """Whether the hub at `address` ever answered this channel."""
         self.retried = False
+        self.observers: list = []
+        """Called as f(op, args, result) after each answered call (what a test or a tool watches)."""
         with self._lock:
             self._socket()  # a malformed address fails here, typed
 
@@ -170,7 +172,10 @@ class RpcChannel:
             # `wait_latest`); otherwise every try gets at most what the deadline leaves.
             bounded = self.retried or (self.answered and deadline > t0 and attempt_s is None)
             try:
-                return self._call_once(op, min(attempt, max(0.05, left)) if bounded else attempt, args)
+                out = self._call_once(op, min(attempt, max(0.05, left)) if bounded else attempt, args)
+                for observe in self.observers:
+                    observe(op, args, out)
+                return out
             except HubUnavailableError as e:
                 if not self.answered:
                     raise HubUnavailableError(f"no hub answered at {self.address} within {attempt:.1f}s "

@@ -141,16 +141,15 @@ def test_an_aborted_relay_is_drained_before_its_buffers_are_reused(hub, make_cli
                         config=ClientConfig(dataplane=DataPlaneConfig(serve_delay_s=0.05)))
     down = make_client(host="r", rack="r-r", name="downstream")
     a = {"w": torch.empty(8192)}
-    real = relay._pull_all
 
-    def fails_after_four_units(sources, dest, *args, **kw):
+    def fails_after_four_units(sources, dest, pull):
         t0 = time.monotonic()
         while dest.readers == 0 and time.monotonic() - t0 < 30:  # the downstream reader is on us
             time.sleep(0.01)
-        real([dict(s, units=s["units"][:4]) for s in sources], dest, *args, **kw)
+        pull([dict(s, units=s["units"][:4]) for s in sources])
         return [], [E.BufferMismatchError("injected: a fatal error after four units")]
 
-    relay._pull_all = fails_after_four_units
+    relay.set_pull_fault(fails_after_four_units)
     outcome = {}
 
     def relay_fetch_then_reuse():

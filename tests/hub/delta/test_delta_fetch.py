@@ -188,8 +188,8 @@ def test_one_round_trip_plans_the_delta_and_a_delta_aimed_elsewhere_is_refused(c
     tr.step()
     buf = r.fetch("policy").tensors
     v = tr.step()
-    ops, call = [], r._call
-    r._call = lambda op, **kw: ops.append(op) or call(op, **kw)
+    ops = []
+    r.observe_rpc(lambda op, args, out: ops.append(op))
     got = r.fetch_delta("policy", into=buf)
     assert got.mode == "delta" and same(buf, tr.snap[v]) and got.manifest == tr.c.store.get(
         f"{tr.c.worker_id}:policy:{v}:tp0-pp0:live").manifest
@@ -336,7 +336,7 @@ def test_applied_is_one_round_trip_and_checked_before_it_changes_anything(cluste
     buf = r.fetch("policy").tensors
     calls = []
     real_call = r._call
-    r._call = lambda op, **kw: (calls.append(op), real_call(op, **kw))[1]
+    r.observe_rpc(lambda op, args, out: calls.append(op))
     for _ in range(3):
         v = tr.step()
         got = r.fetch_delta("policy", into=buf)

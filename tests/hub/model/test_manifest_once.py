@@ -30,14 +30,8 @@ def test_a_second_plan_of_a_manifest_the_reader_has_carries_none_and_the_fetch_i
     g = torch.Generator().manual_seed(7)
     w = {f"l{i}": torch.randn(4096, generator=g) for i in range(6)}
     trainer.publish("p", 1, w)
-    plans, call = [], reader._call
-
-    def recording(op, **args):
-        out = call(op, **args)
-        if op == "fetch":
-            plans.append((args, out))
-        return out
-    reader._call = recording
+    plans = []
+    reader.observe_rpc(lambda op, args, out: plans.append((args, out)) if op == "fetch" else None)
 
     first = reader.fetch("p", 1)
     assert "manifest" in plans[0][1] and plans[0][0]["have_manifests"] == []
