@@ -237,8 +237,8 @@ class DeltaSync:
 
         def pull(dv: int) -> None:
             try:
-                got[dv] = self.fetch(delta_model(model), dv, shard=shard, _plan=plan if dv == chain[0] else None,
-                                     _done_later=done)
+                got[dv] = self._fetch(delta_model(model), dv, None, shard, _plan=plan if dv == chain[0] else None,
+                                      _done_later=done)
             except BaseException as e:  # noqa: BLE001 - raised below, after every pull ended
                 got[dv] = e
 

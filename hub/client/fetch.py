@@ -85,8 +85,7 @@ class Fetching:
 
     def fetch(self, model: str, version: int | str = "latest", into: dict[str, torch.Tensor] | None = None,
               shard: Shard = Shard(), group: tuple[str, int] | None = None,
-              on_unit: Callable[[Manifest, int], None] | None = None, _plan: dict | None = None,
-              _done_later: list | None = None) -> FetchResult:
+              on_unit: Callable[[Manifest, int], None] | None = None) -> FetchResult:
         """Pull (model, version, shard) from peers per the hub's plan; verify every unit.
 
         `version` is 'latest' or a committed version number. 'latest' is the newest committed version
@@ -98,23 +97,25 @@ class Fetching:
         this worker is a full replica and serves the version to others until it releases it.
         `on_unit(manifest, u)` is called from transfer threads once unit `u` has landed and verified
         (to consume tensors while the rest still arrive); a fetch of a version already held calls it
-        for no unit. `_plan`: a plan the hub already sent (with its manifest), from `delta_choose`.
-        `_done_later`: the fetch's successful end is not told now but appended here as
-        (fetch id, replica, model, version, shard), for the caller to tell with its next call
-        (`fetch_delta`: with the registration of the version it applied, `applied`) or by `_fetch_done`.
+        for no unit.
         """
         for attempt in range(3):
             try:
-                return self._fetch_once(model, version, into, shard, group, on_unit, _plan, _done_later)
+                return self._fetch(model, version, into, shard, group, on_unit)
             except E.VersionLostError as e:
-                if not getattr(e, "after_plan", False) or version != "latest" or group is not None \
-                        or _plan is not None or attempt == 2:
+                if not getattr(e, "after_plan", False) or version != "latest" or group is not None or attempt == 2:
                     raise
                 log.warning("fetch of %r latest: the version it was planned for was lost (%s); planning again", model, e)
         raise AssertionError("unreachable")
 
-    def _fetch_once(self, model: str, version: int | str, into: dict[str, torch.Tensor] | None, shard: Shard,
-                    group: tuple[str, int] | None, on_unit, _plan: dict | None, _done_later: list | None) -> FetchResult:
+    def _fetch(self, model: str, version: int | str, into: dict[str, torch.Tensor] | None, shard: Shard,
+               group: tuple[str, int] | None = None, on_unit=None, _plan: dict | None = None,
+               _done_later: list | None = None) -> FetchResult:
+        """One fetch, as `fetch` describes (no re-planning of a lost 'latest'). `_plan`: a plan the hub
+        already sent (with its manifest), from `delta_choose`. `_done_later`: the fetch's successful end
+        is not told now but appended here as (fetch id, replica, model, version, shard), for the caller
+        to tell with its next call (`fetch_delta`: with the registration of the version it applied,
+        `applied`) or by `_fetch_done`."""
         wid = self._need_join()
         _check_coords("fetch", model, version, shard)
         if group is not None:
