@@ -58,6 +58,7 @@ def test_a_killed_sole_holder_is_dropped_at_the_first_refused_connection(shape):
     read_s = time.monotonic() - t0
     assert got.version == 1 and digest(got.tensors) == v1["digest"]
     assert set(got.bytes_by_source) == {old.wid}
+    print(f"one hub, kill -9 of the sole holder: to VersionLostError {lost_s:.3f} s, to a successful read {read_s:.3f} s")
     assert lost_s < KILL_TO_READ_S and read_s < KILL_TO_READ_S, (lost_s, read_s)
     assert trainer.wid not in hub.server.state.workers  # dropped on the reader's report, not expired
 
@@ -83,6 +84,7 @@ def test_a_latest_fetch_whose_sole_source_dies_mid_transfer_is_planned_again(sha
     assert "err" not in result, result.get("err")
     got = result["got"]
     assert got.version == 1 and digest(got.tensors) == v1["digest"]
+    print(f"one hub, kill -9 of the sole source mid-transfer: to a successful read {kill_to_read:.3f} s")
     assert kill_to_read < KILL_TO_READ_S, kill_to_read
 
 
