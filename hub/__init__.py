@@ -17,7 +17,7 @@ _EXPORTS = {
     "Location": ".model.location", "Manifest": ".model.manifest", "ManifestConfig": ".model.manifest", "PlannerConfig": ".state.planner",
     "RetentionConfig": ".state.retention", "EmbeddedHub": ".server.loop", "HubServer": ".server.loop",
     "start_embedded_hub": ".server.loop", "ReplicaId": ".model.replica_id", "Shard": ".model.shard", "HubConfig": ".state", "errors": ".errors",
-    "positive_int": ".cli_args", "positive_float": ".cli_args",
+    "positive_int": ".cli_args", "positive_float": ".cli_args", "transport_names": ".dataplane.transports",
     "ShardedLayout": ".reshard.layout", "zero3_layout": ".reshard.layout", "ReshardReader": ".reshard.read",
     "publish_shard": ".reshard.read", "zero_shard": ".reshard.read", "dtype_name": ".model.manifest",
     "Dest": ".reshard.layout", "Slice": ".reshard.layout", "dtype_from_name": ".model.manifest",

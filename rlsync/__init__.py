@@ -32,7 +32,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(driver, name)
     if name == "TrainConfig":
-        from rlsync.config import TrainConfig
+        from rlsync.config.schema import TrainConfig
 
         return TrainConfig
     raise AttributeError(name)

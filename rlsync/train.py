@@ -5,7 +5,7 @@
     python -m rlsync.train +recipe=grpo_standalone hydra.run.dir=runs/r1 resume=auto steps=300
 
 The configs ship inside the package (`rlsync.configs`), so this works from any directory. The schema
-(every field typed and documented) is `rlsync.config.TrainConfig`; docs/rl.md walks through it.
+(every field typed and documented) is `rlsync.config.schema.TrainConfig`; docs/rl.md walks through it.
 """
 
 from __future__ import annotations
@@ -17,8 +17,10 @@ import time
 import hydra
 from omegaconf import DictConfig
 
-from rlsync.config import CHATTER, ConfigError, register_configs, to_config, unknown_override
+from rlsync.config.compose import register_configs, to_config, unknown_override
+from rlsync.core.errors import ConfigError
 from rlsync.core.registry import UnknownNameError
+from rlsync.workers.process import CHATTER
 from rlsync.hub.logs import quiet_console
 
 log = logging.getLogger("rlsync.train")

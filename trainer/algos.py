@@ -3,7 +3,7 @@
 `TrainerBackend.Config` takes the components' args as free dicts (any registered component, any
 args). An algorithm here narrows it: its fields name the components and type their args with the
 components' own `Config` classes, so a run's config (Hydra group `trainer/algo`, registered by
-`rlsync.config.register_configs`) shows every arg with its default and refuses a typo'd or
+`rlsync.config.compose.register_configs`) shows every arg with its default and refuses a typo'd or
 ill-typed one when the config is composed:
 
     python -m rlsync.train +recipe=grpo_standalone trainer.algo.policy_loss_args.kl_coef=0.01

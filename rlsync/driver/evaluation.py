@@ -1,6 +1,6 @@
 """Held-out greedy evaluation every N steps, logged as `eval/*`.
 
-    ev = Evaluator(cfg)                 # cfg.eval: every, prompts, seed
+    ev = Evaluator(cfg.eval, model=cfg.model, task=cfg.task, steps=cfg.steps, timeout_s=cfg.timeout_s)
     ev.run(driver, step, logger)        # at step 0 (the start) and every `every` steps: {"eval/reward_mean": ...}
 
 The held-out prompts are prompts 0..n-1 of the task's stream under another seed (`eval.seed`), so they
@@ -14,46 +14,33 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import dataclass
 from typing import Any
+
+import ray
+
+from rlsync.config.schema import EvalConfig
+from rlsync.workers.policy import ModelConfig, TaskConfig, build_policy, build_task
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(kw_only=True)
-class EvalConfig:
-    every: int = 0
-    """Evaluate at the start and every this many steps (and at the last step); 0: never."""
-    prompts: int = 64
-    """Held-out prompts per evaluation."""
-    seed: int = 10_007
-    """Seed of the held-out prompt stream (the training stream uses task.seed)."""
-
-
 class Evaluator:
-    def __init__(self, cfg):
-        self.cfg = cfg
-        self.e: EvalConfig = cfg.eval
+    def __init__(self, e: EvalConfig, *, model: ModelConfig, task: TaskConfig, steps: int, timeout_s: float):
+        """`e`: the run's `eval` section; `model`, `task`: the policy's (the held-out prompts use the model's
+        tokenizer and the task under `e.seed`); `steps`: the run's last step; `timeout_s`: the driver's wait."""
+        self.e, self.model, self.task, self.steps, self.timeout_s = e, model, task, steps, timeout_s
         self._prompts = None
 
     def due(self, step: int) -> bool:
         e = self.e
-        return e.every > 0 and (step == 0 or step % e.every == 0 or step == self.cfg.steps)
+        return e.every > 0 and (step == 0 or step % e.every == 0 or step == self.steps)
 
     def prompts(self) -> list:
         if self._prompts is None:
-            from rlsync.workers.policy import build_task
-
-            task_cfg = dataclasses.replace(self.cfg.task, seed=self.e.seed)
-            _, tok_task = self._tokenizer_task()
-            task = build_task(dataclasses.replace(self.cfg, task=task_cfg), tok_task.tokenizer)
+            _, tok_task = build_policy(self.model, self.task, seed=0, tokenizer_only=True)  # no model: no seed
+            task = build_task(dataclasses.replace(self.task, seed=self.e.seed), tok_task.tokenizer)
             self._prompts = [task.prompt_at(i) for i in range(self.e.prompts)]
         return self._prompts
-
-    def _tokenizer_task(self):
-        from rlsync.workers.policy import build_policy
-
-        return build_policy(self.cfg, tokenizer_only=True)
 
     def run(self, driver, step: int, logger: Any = None) -> dict[str, float]:
         if not self.due(step):
@@ -61,10 +48,8 @@ class Evaluator:
         handle = next((h for p in driver.pools.pools.values() for h in p.group.members.values()), None)
         if handle is None:
             return {}
-        import ray  # here, not at module level: the config schema (EvalConfig) stays Ray-free
-
         try:
-            out = ray.get(handle.evaluate.remote(self.prompts(), step), timeout=self.cfg.timeout_s)
+            out = ray.get(handle.evaluate.remote(self.prompts(), step), timeout=self.timeout_s)
         except Exception as e:  # noqa: BLE001 - an eval lost with a preempted worker must not end the run
             log.warning("eval at step %d failed: %s", step, e)
             return {}

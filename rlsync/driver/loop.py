@@ -3,28 +3,28 @@
     summary = Driver(TrainConfig(steps=20), run_dir="runs/r1").run()
 
 What one process does (DESIGN.md §4):
-1. joins or starts a Ray cluster, starts the embedded hub in this process, starts the trainer group
-   (N data-parallel ranks) and every rollout pool (M workers each);
-2. the trainer publishes version v (its live tensors; the hub copies nothing); rollout workers fetch
-   `latest` into their engines' parameters when the staleness bound requires it;
-3. event loop: hand free rollout workers prompts (`plan_request`: never more than k versions ahead),
-   buffer the scored groups, and whenever the trainer is free and the buffer holds a batch of
-   groups the bound admits for this step (older ones dropped and counted), train on it;
-4. per step: drain every worker's stall clock, aggregate the window (`StepAggregator`), log to
-   JSONL/wandb, append to `trace.json`, move the progress bar, checkpoint on cadence.
+1. joins or starts a Ray cluster, starts the embedded hub in this process, starts the trainer group (N data-parallel
+   ranks) and every rollout pool (M workers each);
+2. the trainer publishes version v (its live tensors; the hub copies nothing); rollout workers fetch `latest` into
+   their engines' parameters when the staleness bound requires it;
+3. event loop: hand free rollout workers prompts (`plan_request`: never more than k versions ahead), buffer the
+   scored groups, and whenever the trainer is free and the buffer holds a batch of groups the bound admits for this
+   step (older ones dropped and counted), train on it;
+4. per step: drain every worker's stall clock, aggregate the window (`StepAggregator`), log to JSONL/wandb, append
+   to `trace.json`, move the progress bar, checkpoint on cadence.
 
-Weights never pass through Ray or the driver: calls carry prompts, scored samples and metrics. The
-driver audits this: every tensor it sends or receives is counted (`ray/payload_bytes`) and checked
-against the model's parameter shapes (`ray/weight_like_tensors`, always 0).
+Weights never pass through Ray or the driver: calls carry prompts, scored samples and metrics. The driver audits
+this: every tensor it sends or receives is counted (`ray/payload_bytes`) and checked against the model's parameter
+shapes (`ray/weight_like_tensors`, always 0).
 
 Rollout pools are elastic (rlsync/pools/pool_set.py): a `PoolSet` starts them, runs their churn schedules and
-autoscale rule after each step, adopts pools attached with `python -m rlsync.pools join`, and turns
-joins and leaves into refs this loop waits on with the rest, so the loop never blocks on one worker.
+autoscale rule after each step, adopts pools attached with `python -m rlsync.pools join`, and turns joins and leaves
+into refs this loop waits on with the rest, so the loop never blocks on one worker.
 
-The trainer ranks are a `TrainerGroup` (rlsync/workers/trainer_group.py). Static by default: a dead rank
-ends the run. With `trainer.elastic.enabled=true` a failed step re-forms the group at the new world
-size with the hub's latest committed weights, and the loop trains the same batch again (or counts
-the step if it had committed); ranks added mid-run join at a step boundary (docs/elastic.md).
+The trainer ranks are a `TrainerGroup` (rlsync/workers/trainer_group.py). Static by default: a dead rank ends the
+run. With `trainer.elastic.enabled=true` a failed step re-forms the group at the new world size with the hub's
+latest committed weights, and the loop trains the same batch again (or counts the step if it had committed); ranks
+added mid-run join at a step boundary (docs/elastic.md).
 
 Simplifies: a dead rollout worker is dropped from its pool (its prompts are lost, counted).
 """
@@ -47,7 +47,8 @@ from typing import Any
 import ray
 import torch
 
-from rlsync.config import TrainConfig, as_dict, check_config, route_of, with_plugins
+from rlsync.config.compose import check_config, hub_access, rollout_kwargs, route_of, trainer_kwargs, with_plugins
+from rlsync.config.schema import TrainConfig, as_dict
 from rlsync.core.stall import now_ns
 from rlsync.driver.audit import PayloadAudit
 from rlsync.driver.checkpoint import CheckpointStore
@@ -81,8 +82,7 @@ def _first_line(e: BaseException) -> str:
 
 class Driver:
     def __init__(self, cfg: TrainConfig, run_dir: str | os.PathLike):
-        # Workers read the run dir from their config (their log files go under it).
-        # Absolute: workers run in other directories.
+        # Absolute: workers (their log files go under the run dir) run in other directories.
         run_dir = Path(cfg.run_dir or run_dir).resolve()
         self.cfg = check_config(with_plugins(dataclasses.replace(cfg, run_dir=str(run_dir))))
         self.run_dir = Path(run_dir)
@@ -92,7 +92,7 @@ class Driver:
         r = cfg.rollout
         self.ppr = r.prompts_per_request or max(1, -(-r.prompts_per_step // max(1, self.n_rollout)))
         self._stop_requested = threading.Event()
-        self.evals = Evaluator(cfg)
+        self.evals = Evaluator(cfg.eval, model=cfg.model, task=cfg.task, steps=cfg.steps, timeout_s=cfg.timeout_s)
         self.looping = False  # True once the step loop runs: stop() then ends the run at its next turn
         self.signal_handlers: dict[int, Any] = {}  # put back after ray.init (it sets SIGTERM's): GracefulStop
 
@@ -117,24 +117,25 @@ class Driver:
                 ray.init(num_cpus=c.ray.num_cpus, **kw)
             for sig, handler in self.signal_handlers.items():
                 signal.signal(sig, handler)
-        # A fresh journal per run: a resumed run re-publishes its checkpoint's version, which an old
-        # journal (committed versions past it) would refuse as not increasing.
-        # The journal in a temp dir of the driver's own, removed in _stop (also after Ctrl-C).
+        # A fresh journal per run (a resumed run re-publishes its checkpoint's version, which an old journal would
+        # refuse as not increasing), in a temp dir of the driver's own, removed in _stop (also after Ctrl-C).
         self._hub_tmp = tempfile.mkdtemp(prefix="rlsync-hub-")
         self.hub = start_embedded_hub(host=c.hub.host, config=c.hub.server,
                                       journal=os.path.join(self._hub_tmp, "journal.db"))
-        addr, tok = self.hub.address, self.hub.token
+        hub = hub_access(c, self.hub.address, self.hub.token)
         ckpt = CheckpointStore(self.run_dir / "checkpoints", keep=c.checkpoint.keep)
-        self.channels = route_of(c).coordinator(c.sync, addr, c.timeout_s)  # before any worker looks for it
-        self.trainers = TrainerGroup(c, addr, tok, self.run_dir,
+        self.channels = route_of(c).coordinator(c.sync, hub.address, c.timeout_s)  # before any worker looks for it
+        self.trainers = TrainerGroup(c.trainer, trainer_kwargs(c, hub), run_dir=self.run_dir, timeout_s=c.timeout_s,
+                                     num_cpus=c.ray.actor_num_cpus,
                                      checkpoint_dir=lambda: str(ckpt.latest()[0]) if ckpt.latest() else None)
         self.trainers.start()
-        self.pools = PoolSet(c, addr, tok, self.run_dir)
+        self.pools = PoolSet(c.pools, rollout_kwargs(c, hub), run_dir=self.run_dir, steps=c.steps,
+                             seed_dcs=c.hub.seed_dcs, trainer_dc=c.trainer.location.dc, num_cpus=c.ray.actor_num_cpus)
         self.pools.start()
         info = self.trainers.wait_ready(c.timeout_s)
         self.audit = PayloadAudit(next(iter(info.values()))["shapes"])
         self.pools.wait_ready(c.timeout_s)
-        self.pools.write_job_file()
+        self.pools.write_job_file(as_dict(c))
         self.channels.start(self.trainers, self.pools, c.timeout_s)
 
     def _stop(self) -> None:
@@ -182,7 +183,7 @@ class Driver:
     # ------------------------------------------------------------------------------------ the loop
     def run(self) -> dict[str, Any]:
         c = self.cfg
-        _, self.task = build_policy(c, tokenizer_only=True)
+        _, self.task = build_policy(c.model, c.task, c.seed, tokenizer_only=True)
         ckpt = CheckpointStore(self.run_dir / "checkpoints", keep=c.checkpoint.keep)
         resumed = ckpt.resolve(c.resume)
         logger = make_logger(dataclasses.replace(c.logging, run_dir=str(self.run_dir)), run_config=as_dict(c),

@@ -41,7 +41,8 @@ def cmd_join(a, job: dict) -> int:
     import ray
     from omegaconf import OmegaConf
 
-    from rlsync.config import PoolConfig, to_config
+    from rlsync.config.compose import hub_access, rollout_kwargs, to_config
+    from rlsync.pools.policies import PoolConfig
     from rlsync.pools.pool_set import rollout_group
 
     registry = _connect(job)
@@ -52,10 +53,10 @@ def cmd_join(a, job: dict) -> int:
     template = next(iter(cfg.pools.values()))
     pool = PoolConfig(size=a.size, engine=template.engine)
     pool.location.dc, pool.location.rack, pool.location.host = a.dc, a.rack, a.host
-    cfg.pools = {**cfg.pools, a.pool: pool}
     taken = [int(k.rsplit("-", 1)[1]) for k in view.get(a.pool, {}).get("workers", {})]
-    group = rollout_group(cfg, a.pool, job["hub_address"], job["hub_token"], first_index=max(taken, default=-1) + 1,
-                          resources=a.resources)
+    hub = hub_access(cfg, job["hub_address"], job["hub_token"])
+    group = rollout_group(a.pool, pool, rollout_kwargs(cfg, hub), num_cpus=cfg.ray.actor_num_cpus,
+                          first_index=max(taken, default=-1) + 1, resources=a.resources)
     keys = [group.add(namespace=job["namespace"], detached=True) for _ in range(a.size)]
     refs = {group.members[k].join_run.remote(): k for k in keys}
     print(f"starting {len(keys)} workers in pool {a.pool} ({a.dc}/{a.rack}) for job {job['run_dir']}", flush=True)

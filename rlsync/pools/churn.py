@@ -38,7 +38,7 @@ class ChurnConfig:
     """Seed of the schedule (event steps and kinds) and of the victim choice."""
     preemptions: int = 0
     """Preemptions injected over the run."""
-    notice_fraction: float = 0.5
+    notice_fraction: float = field(default=0.5, metadata={"ge": 0, "le": 1})
     """Share of the preemptions that come with notice (rounded); the rest kill the actor without notice."""
     notice_s: float = 10.0
     """Deadline a worker preempted with notice has to leave (`hub.leave(deadline_s=notice_s)`)."""

@@ -11,18 +11,50 @@ Adding a policy is one new file:
         def on_step(self, pools, pool, step, metrics): ...   # pools: the PoolSet (add / leave / kill members)
 
 A policy gets the `PoolSet` to act through (`add_member`, `leave_member`, `kill_member`, `count`),
-so it never touches Ray itself.
+so it never touches Ray itself. `PoolConfig` (one `pools.<name>` entry of the run's config) lives here too.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from typing import Any
 
 from rlsync.core.registry import Registry
-from rlsync.pools.churn import JOIN, PREEMPT_KILL, PREEMPT_NOTICE, ChurnSchedule, autoscale_delta
+from rlsync.pools.churn import (JOIN, PREEMPT_KILL, PREEMPT_NOTICE, AutoscaleConfig, ChurnConfig, ChurnSchedule,
+                                autoscale_delta)
+from rlsync.rollout.engine import RolloutEngine
+from rlsync.workers.process import LocationConfig
 
 log = logging.getLogger(__name__)
+
+ENGINE_BOUNDS: dict[str, dict[str, Any]] = {
+    "temperature": {"gt": 0}, "top_p": {"gt": 0, "le": 1}, "top_k": {"ge": 0}, "max_new_tokens": {"ge": 0}}
+"""Bounds of the engine's own `RolloutEngine.Config` fields, as the run checks them (rlsync/config/rules.py)."""
+
+
+@dataclass(kw_only=True)
+class PoolConfig:
+    size: int = field(default=1, metadata={"ge": 0})
+    """Rollout worker actors this pool starts with."""
+    policy: str = "fixed"
+    """`fixed` (size workers all run long), `autoscale` (between min_size and max_size, by stall), or
+    `spot` (the churn schedule preempts and adds workers)."""
+    min_size: int = field(default=1, metadata={"ge": 0})
+    """autoscale: fewest workers; spot: a preemption never takes the pool below it."""
+    max_size: int = field(default=0, metadata={"ge": 0})
+    """autoscale / spot: most workers (0: size)."""
+    churn: ChurnConfig = field(default_factory=ChurnConfig)
+    """policy=spot: seeded preemptions (with and without notice) and joins."""
+    autoscale: AutoscaleConfig = field(default_factory=AutoscaleConfig)
+    """policy=autoscale: when to grow and shrink."""
+    location: LocationConfig = field(default_factory=LocationConfig)
+    """Where this pool's workers are (hub topology labels)."""
+    engine: RolloutEngine.Config = field(default_factory=lambda: RolloutEngine.Config(max_new_tokens=0),
+                                         metadata={"bounds": ENGINE_BOUNDS})
+    """Sampling: temperature (must equal trainer.algo.temperature), top_p, top_k, max_new_tokens
+    (0: the task's answer length, or 16 for tasks without one)."""
+
 
 POOL_POLICIES: Registry = Registry("pool policy")
 register_pool_policy = POOL_POLICIES.register

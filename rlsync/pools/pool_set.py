@@ -35,11 +35,11 @@ from typing import Any, Iterator
 
 import ray
 
-from rlsync.config import PoolConfig, TrainConfig, as_dict
 from rlsync.pools.attach import REGISTRY, PoolRegistry, ray_client_auth, remove_job_files, write_job_file
-from rlsync.pools.policies import POOL_POLICIES, PoolPolicy
+from rlsync.pools.policies import POOL_POLICIES, PoolConfig, PoolPolicy
 from rlsync.telemetry.sync_sources import Place, SourceLedger
 from rlsync.workers.group import WorkerGroup
+from rlsync.workers.process import HubAccess, ProcessSetup
 from rlsync.workers.rollout_worker import RolloutWorker
 from rlsync.workers.seed_worker import SeedWorker
 
@@ -56,11 +56,14 @@ class Member(str, Enum):
     LEAVING = "leaving"
 
 
-def rollout_group(cfg: TrainConfig, name: str, hub_address: str, hub_token: str, first_index: int = 0,
-                  resources: dict[str, float] | None = None) -> WorkerGroup:
-    """The `WorkerGroup` of pool `name` (`cfg.pools[name]` must exist: its workers read their location there)."""
-    return WorkerGroup(name, RolloutWorker, lambda i: (cfg, name, i, hub_address, hub_token),
-                       num_cpus=cfg.ray.actor_num_cpus, first_index=first_index, resources=resources)
+def rollout_group(name: str, pool: PoolConfig, rollout_kwargs: dict[str, Any], *, num_cpus: float,
+                  first_index: int = 0, resources: dict[str, float] | None = None) -> WorkerGroup:
+    """The `WorkerGroup` of pool `name`: `RolloutWorker`s with the pool's engine and location, plus
+    `rollout_kwargs` (what every rollout worker of the run is built with: rollout, inject, model, task,
+    seed, sync, shape, hub, setup; `rlsync.config.compose.rollout_kwargs`)."""
+    return WorkerGroup(name, RolloutWorker,
+                       lambda i: dict(rollout_kwargs, pool=name, index=i, engine=pool.engine, location=pool.location),
+                       num_cpus=num_cpus, first_index=first_index, resources=resources)
 
 
 @dataclass
@@ -90,15 +93,22 @@ class RolloutPool:
 
 
 class PoolSet:
-    def __init__(self, cfg: TrainConfig, hub_address: str, hub_token: str, run_dir: Path):
-        self.cfg, self.addr, self.tok, self.run_dir = cfg, hub_address, hub_token, Path(run_dir)
-        for name, p in cfg.pools.items():
+    def __init__(self, pools: dict[str, PoolConfig], rollout_kwargs: dict[str, Any], *, run_dir: Path, steps: int,
+                 seed_dcs: list[str], trainer_dc: str, num_cpus: float):
+        """`pools`: the run's `pools` section; `rollout_kwargs`: see `rollout_group` (its `hub` and `setup` also
+        build the seed workers); `steps`: the run's length (the spot policy's schedule); `seed_dcs`: a seed
+        worker each; `num_cpus`: what each actor reserves."""
+        self.configured, self.rollout_kwargs = pools, rollout_kwargs
+        self.hub: HubAccess = rollout_kwargs["hub"]
+        self.setup: ProcessSetup = rollout_kwargs["setup"]
+        self.run_dir, self.steps, self.seed_dcs, self.num_cpus = Path(run_dir), steps, list(seed_dcs), num_cpus
+        for name, p in pools.items():
             POOL_POLICIES.check(p.policy, f"pools.{name}.policy")
             POOL_POLICIES.get(p.policy).validate(name, p)
         self.namespace = f"rlsync-{secrets.token_hex(6)}"
         self.pools: dict[str, RolloutPool] = {}
         self.seeds: dict[str, WorkerGroup] = {}
-        self.ledger = SourceLedger(trainer_dc=cfg.trainer.location.dc)
+        self.ledger = SourceLedger(trainer_dc=trainer_dc)
         self._joining: dict[Any, tuple[str, str]] = {}
         self._leaving: dict[Any, tuple[str, str]] = {}
         self._events: dict[str, float] = {}
@@ -108,22 +118,21 @@ class PoolSet:
         self.job_file: Path | None = None
 
     # ------------------------------------------------------------------------------------ set-up
-    def _group(self, name: str) -> WorkerGroup:
-        return rollout_group(self.cfg, name, self.addr, self.tok)
+    def _group(self, name: str, pool: PoolConfig) -> WorkerGroup:
+        return rollout_group(name, pool, self.rollout_kwargs, num_cpus=self.num_cpus)
 
     def start(self) -> None:
         """Start every configured pool's workers, the seed workers and the registry (asynchronous)."""
-        c = self.cfg
-        for name, p in c.pools.items():
+        for name, p in self.configured.items():
             if p.policy == "fixed" and p.size == 0:
                 continue  # a default pool a recipe switched off (`pools.main.size: 0`)
-            pool = RolloutPool(name, p, self._group(name), policy=POOL_POLICIES.get(p.policy)(name, p, c.steps))
+            pool = RolloutPool(name, p, self._group(name, p), policy=POOL_POLICIES.get(p.policy)(name, p, self.steps))
             self.pools[name] = pool
             for _ in range(p.size):
                 self.add_member(pool)
-        for dc in c.hub.seed_dcs:
-            g = WorkerGroup(f"seed-{dc}", SeedWorker, lambda i, dc=dc: (c, dc, self.addr, self.tok),
-                            num_cpus=min(0.25, c.ray.actor_num_cpus))
+        for dc in self.seed_dcs:
+            g = WorkerGroup(f"seed-{dc}", SeedWorker, lambda i, dc=dc: dict(dc=dc, hub=self.hub, setup=self.setup),
+                            num_cpus=min(0.25, self.num_cpus))
             g.start(1)
             self.seeds[dc] = g
         self.registry = ray.remote(PoolRegistry).options(name=REGISTRY, namespace=self.namespace,
@@ -142,11 +151,13 @@ class PoolSet:
             self.ledger.places[info["wid"]] = Place(kind="seed", dc=info["dc"])
         self._events.clear()  # the initial workers are not mid-run joins
 
-    def write_job_file(self) -> Path:
+    def write_job_file(self, config: dict[str, Any]) -> Path:
+        """RUN_DIR/job.json for `python -m rlsync.pools`; `config`: the run's whole config as a dict (the CLI
+        builds attached pools' workers from it as the driver built its own)."""
         info = {"ray_address": ray.get_runtime_context().gcs_address, "namespace": self.namespace,
-                "hub_address": self.addr, "hub_token": self.tok, "model": self.cfg.hub.model_name,
+                "hub_address": self.hub.address, "hub_token": self.hub.token, "model": self.hub.model,
                 "run_dir": str(self.run_dir.resolve()), "driver_pid": os.getpid(), **ray_client_auth(self.run_dir),
-                "config": json.loads(json.dumps(as_dict(self.cfg), default=str))}
+                "config": json.loads(json.dumps(config, default=str))}
         self.job_file = write_job_file(self.run_dir, info)
         return self.job_file
 
@@ -291,7 +302,7 @@ class PoolSet:
                 loc = a["location"]
                 pcfg = PoolConfig(size=0)
                 pcfg.location.dc, pcfg.location.rack, pcfg.location.host = loc["dc"], loc["rack"], loc.get("host", "")
-                p = self.pools[name] = RolloutPool(name, pcfg, self._group(name), attached=True)
+                p = self.pools[name] = RolloutPool(name, pcfg, self._group(name, pcfg), attached=True)
             for w in a["workers"]:
                 try:
                     h = ray.get_actor(w["worker"], namespace=self.namespace)

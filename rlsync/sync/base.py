@@ -60,7 +60,7 @@ class SyncModeError(ValueError):
 
 @dataclass(frozen=True, kw_only=True)
 class RunShape:
-    """What choosing a route needs to know of the run beyond its `sync` section (`rlsync.config.sync_shape`)."""
+    """What choosing a route needs to know of the run beyond its `sync` section (`rlsync.config.compose.sync_shape`)."""
 
     backend: str = "torch"
     zero_stage: int = 0

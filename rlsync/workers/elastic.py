@@ -1,5 +1,6 @@
-"""The elastic trainer group's configuration and its pure logic (no Ray, no I/O).
+"""The trainer group's configuration (the run's `trainer` section) and its pure logic (no Ray, no I/O).
 
+    t = TrainerGroupConfig(world_size=2)                    # trainer.world_size=2
     cfg = ElasticConfig(enabled=True)                       # trainer.elastic.enabled=true
     churn = TrainerChurnConfig(kill_at=[6], join_at=[10])   # trainer.churn.kill_at=[6] ...
     split_groups(list(range(5)), 2)                         # [[0, 1, 2], [3, 4]]: whole groups per rank
@@ -12,9 +13,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Sequence, TypeVar
+from typing import Any, Sequence, TypeVar
 
-__all__ = ["ElasticConfig", "OptimizerState", "TrainerChurnConfig", "split_groups", "OPTIMIZER_STATE"]
+from rlsync.trainer.backend import OptimizerConfig, TrainerBackend
+from rlsync.workers.process import LocationConfig
+
+__all__ = ["ElasticConfig", "OptimizerState", "RUN_LR", "TrainerChurnConfig", "TrainerGroupConfig", "split_groups",
+           "OPTIMIZER_STATE"]
 
 T = TypeVar("T")
 
@@ -38,7 +43,7 @@ class ElasticConfig:
     cannot (DeepSpeed); `reinit` always starts it fresh (warning)."""
     collective_timeout_s: float = 30.0
     """Gloo timeout of the group's collectives: a rank blocked on a dead peer fails after this long at most."""
-    min_world_size: int = 1
+    min_world_size: int = field(default=1, metadata={"ge": 1})
     """Fewest ranks the group may shrink to; below it the run ends (RunError)."""
     max_recoveries: int = 8
     """Re-forms after a loss the run may take before it gives up."""
@@ -69,6 +74,42 @@ class TrainerChurnConfig:
 
     def joins_after(self, step: int) -> int:
         return self.join_at.count(step)
+
+
+RUN_LR = 1e-3
+"""The run's default policy learning rate (the optimizer's own default suits real models)."""
+
+ALGO_BOUNDS: dict[str, dict[str, Any]] = {
+    "optimizer.lr": {"gt": 0}, "critic_optimizer.lr": {"gt": 0}, "grad_clip": {"gt": 0},
+    "ppo_epochs": {"ge": 1}, "num_mini_batches": {"ge": 1}, "temperature": {"gt": 0}}
+"""Bounds of the trainer's own `TrainerBackend.Config` fields, as the run checks them (rlsync/config/rules.py)."""
+
+
+@dataclass(kw_only=True)
+class TrainerGroupConfig:
+    backend: str = "torch"
+    """`torch` (plain torch, DDP over gloo when world_size > 1) or `deepspeed` (ZeRO)."""
+    world_size: int = field(default=1, metadata={"ge": 1})
+    """Data-parallel trainer actors; each takes whole prompt groups of the batch."""
+    zero_stage: int = field(default=2, metadata={"ge": 0, "le": 3})
+    """DeepSpeed ZeRO stage (backend=deepspeed)."""
+    extra_ds_config: dict[str, Any] = field(default_factory=dict)
+    """Merged into the DeepSpeed config (backend=deepspeed)."""
+    publish: str = field(default="auto", metadata={"one_of": ("auto", "gathered", "sharded")})
+    """How each version reaches the hub: `gathered` (rank 0 publishes the whole model; under ZeRO-3 every rank
+    all-gathers it first), `sharded` (DeepSpeed ZeRO-3: every rank publishes its own live partition, no gather;
+    readers reassemble whole tensors, docs/resharding.md) or `auto` (sharded for ZeRO-3 with sync.mode=hub, no
+    elastic group, seed DCs or sync.deltas; else gathered)."""
+    algo: TrainerBackend.Config = field(default_factory=lambda: TrainerBackend.Config(
+        optimizer=OptimizerConfig(lr=RUN_LR)), metadata={"bounds": ALGO_BOUNDS})
+    """The update: optimizer, advantage estimator, policy loss (GRPO, PPO ...), epochs. Composed runs pick a typed
+    algorithm (`trainer/algo=grpo|ppo|custom`, trainer/algos.py) whose args are typed fields, not free dicts."""
+    location: LocationConfig = field(default_factory=LocationConfig)
+    """Where the trainer ranks are (hub topology labels)."""
+    elastic: ElasticConfig = field(default_factory=ElasticConfig)
+    """Elastic group: re-form when a rank dies, admit ranks added mid-run; weights back from the hub (docs/elastic.md)."""
+    churn: TrainerChurnConfig = field(default_factory=TrainerChurnConfig)
+    """Injected trainer churn: kill a rank during step s, add one after step s (needs elastic.enabled)."""
 
 
 def split_groups(items: Sequence[T], ranks: int) -> list[list[T]]:

@@ -1,81 +1,30 @@
-"""Worker actors' common lifecycle: process set-up, the hub client they join with, `WorkerGroup`.
+"""`WorkerGroup`: worker actors of one class with a common lifecycle (start, add, remove, kill).
 
-Plain worker classes (testable without Ray) get a `drain_stall` method from `with_telemetry`;
-`WorkerGroup` turns them into Ray actors with a `telemetry` concurrency group, so the driver can cut
-a step window while the worker is busy. Weights never travel in a call's arguments or results.
+Plain worker classes (testable without Ray; their set-up and hub client: process.py) get a `drain_stall`
+method from `with_telemetry`; `WorkerGroup` turns them into Ray actors with a `telemetry` concurrency
+group, so the driver can cut a step window while the worker is busy. Each actor is built from the
+keyword arguments `make_kwargs(i)` returns (its own sections, never the whole run config). Weights
+never travel in a call's arguments or results.
 
-    group = WorkerGroup("main", RolloutWorker, lambda i: (cfg, "main", i, addr, token), num_cpus=0.5)
+    group = WorkerGroup("seed-dc1", SeedWorker, lambda i: dict(dc="dc1", hub=hub, setup=setup), num_cpus=0.25)
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import sys
 from typing import Any, Callable
 
 import ray
-import torch
 
-from rlsync.config import CHATTER, TrainConfig
-from rlsync.hub.logs import quiet_console, setup_logging
+from rlsync.workers.process import WORKER_ENV
 
 log = logging.getLogger(__name__)
-
-WORKER_ENV = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1",
-              # DeepSpeed's compiled op is cached here, one directory per venv (scripts/run's default too):
-              # never rebuilt per run, nor by another checkout's venv.
-              "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR",
-                                                     os.path.join(sys.prefix, "torch_extensions"))}
-
-
-
-def process_setup(cfg: TrainConfig, name: str = "") -> None:
-    """What every worker process does first: environment, logging (chatter to `<run dir>/logs/<name>.log`,
-    not the driver's console), intra-op threads."""
-    from rlsync.core.plugins import load_plugins
-
-    os.environ.update(WORKER_ENV)
-    setup_logging()
-    load_plugins(cfg.plugins, cfg.plugin_path)  # the user's registrations, before anything is built
-    if not getattr(process_setup, "_done", False):
-        process_setup._done = True
-        log_file = os.path.join(cfg.run_dir, "logs", f"{name or os.getpid()}.log") if cfg.run_dir else None
-        quiet_console(CHATTER, log_file)
-    torch.set_num_threads(max(1, cfg.ray.torch_threads))
-
-
-def hub_client(cfg: TrainConfig, address: str, token: str, location, name: str, *, on_fetch=None, **join):
-    """A `HubClient` joined at `location` (a `LocationConfig`), configured by the run's `hub` section."""
-    from rlsync.hub import HubClient, Location
-
-    hub = HubClient(address, token=token, config=cfg.hub.client, on_fetch=on_fetch)
-    hub.join(Location(dc=location.dc, rack=location.rack, host=location.host), name=name, **join)
-    return hub
-
-
-def with_telemetry(cls):
-    """Give a worker class the `drain_stall` method every worker exposes."""
-
-    def drain_stall(self) -> list:
-        """Closed state intervals and events since the last drain (the open interval is cut at now)."""
-        return self.clock.drain()
-
-    def peak_rss_mb(self) -> float:
-        """This process's peak resident set size (MiB; Linux reports ru_maxrss in KiB)."""
-        import resource
-
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-    cls.drain_stall = drain_stall
-    cls.peak_rss_mb = peak_rss_mb
-    return cls
 
 
 class WorkerGroup:
     """A named set of Ray actors of one worker class with a common lifecycle: start, add, remove, kill.
 
-        group = WorkerGroup("main", RolloutWorker, lambda i: (cfg, "main", i, addr, token), num_cpus=0.5)
+        group = WorkerGroup("main", RolloutWorker, lambda i: dict(pool="main", index=i, **sections), num_cpus=0.5)
         group.start(2); group.members            # {"main-0": handle, "main-1": handle}
         group.remove("main-1")                   # graceful: leaves the hub, then the actor ends
         group.kill("main-0")                     # no notice (what a spot preemption looks like)
@@ -83,11 +32,11 @@ class WorkerGroup:
     Actor creation is asynchronous: `start`/`add` return at once; `wait_ready` blocks with a timeout.
     """
 
-    def __init__(self, name: str, worker_cls: type, make_args: Callable[[int], tuple], *,
+    def __init__(self, name: str, worker_cls: type, make_kwargs: Callable[[int], dict[str, Any]], *,
                  num_cpus: float = 0.5, env: dict[str, str] | None = None, first_index: int = 0,
                  resources: dict[str, float] | None = None):
         """`resources`: Ray custom resources each actor asks for (e.g. {"pool_node": 1}: only on nodes that have it)."""
-        self.name, self.make_args = name, make_args
+        self.name, self.make_kwargs = name, make_kwargs
         self._actor = ray.remote(concurrency_groups={"telemetry": 1})(worker_cls)
         self._opts = dict(num_cpus=num_cpus, max_restarts=0, max_concurrency=1,
                           runtime_env={"env_vars": {**WORKER_ENV, **(env or {})}})
@@ -104,7 +53,7 @@ class WorkerGroup:
         named = dict(name=key, namespace=namespace) if namespace else dict(name=None)
         if detached:
             named["lifetime"] = "detached"
-        self.members[key] = self._actor.options(**named, **self._opts).remote(*self.make_args(i))
+        self.members[key] = self._actor.options(**named, **self._opts).remote(**self.make_kwargs(i))
         return key
 
     def adopt(self, key: str, handle: Any) -> None:

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlsync.config import TrainConfig
 from rlsync.core.events import FetchEvent
 from rlsync.core.stall import StallClock
-from rlsync.workers.group import hub_client, process_setup, with_telemetry
+from rlsync.workers.process import HubAccess, LocationConfig, ProcessSetup, hub_client, process_setup, with_telemetry
 
 
 @with_telemetry
@@ -18,14 +17,12 @@ class SeedWorker:
     `fetch` event so the bytes it pulls (the DC crossing) show in `sync/*` like every reader's.
     """
 
-    def __init__(self, cfg: TrainConfig, dc: str, hub_address: str, hub_token: str):
-        process_setup(cfg, f"seed-{dc}")
-        from rlsync.config import LocationConfig
-
+    def __init__(self, dc: str, *, hub: HubAccess, setup: ProcessSetup):
+        process_setup(setup, f"seed-{dc}")
         self.worker_id = f"seed-{dc}"
         self.clock = StallClock(self.worker_id, role="seed", pool=self.worker_id)
-        self.hub = hub_client(cfg, hub_address, hub_token, LocationConfig(dc=dc, rack="seed", host=self.worker_id),
-                              self.worker_id, role="seed", follow=True, on_fetch=self._record)
+        self.hub = hub_client(hub, LocationConfig(dc=dc, rack="seed", host=self.worker_id), self.worker_id,
+                              role="seed", follow=True, on_fetch=self._record)
 
     def _record(self, got) -> None:
         ev = FetchEvent.from_result(got, wid=self.hub.worker_id, dc=self.hub.location.dc)

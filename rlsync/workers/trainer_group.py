@@ -1,6 +1,6 @@
 """`TrainerGroup`: the trainer ranks as one group the driver trains with, elastic when configured.
 
-    group = TrainerGroup(cfg, hub_address, hub_token, run_dir)
+    group = TrainerGroup(cfg.trainer, rank_kwargs, run_dir=run_dir, timeout_s=60, num_cpus=0.5)
     group.start(); group.wait_ready(timeout_s)
     refs = group.start_train(payloads, step)       # whole prompt groups split over the current ranks
     metrics = group.finish_train(refs)             # None: a rank was lost and the group re-formed
@@ -34,8 +34,7 @@ from typing import Any, Callable
 
 import ray
 
-from rlsync.config import TrainConfig
-from rlsync.workers.elastic import split_groups
+from rlsync.workers.elastic import TrainerGroupConfig, split_groups
 from rlsync.core.batch import Batch
 from rlsync.workers.group import WorkerGroup
 from rlsync.workers.trainer_worker import TrainerWorker
@@ -48,20 +47,23 @@ class TrainerGroupError(RuntimeError):
 
 
 class TrainerGroup:
-    def __init__(self, cfg: TrainConfig, hub_address: str, hub_token: str, run_dir: str | Path, *,
-                 checkpoint_dir: Callable[[], str | None] = lambda: None):
+    def __init__(self, trainer: TrainerGroupConfig, rank_kwargs: dict[str, Any], *, run_dir: str | Path,
+                 timeout_s: float, num_cpus: float, checkpoint_dir: Callable[[], str | None] = lambda: None):
+        """`rank_kwargs`: what every `TrainerWorker` is built with besides the `trainer` section, its rank and
+        port (model, task, seed, sync, shape, hub, setup); `timeout_s`: longest wait for any one call."""
         from rlsync.trainer import free_port
 
-        self.cfg = cfg
-        self.elastic = cfg.trainer.elastic
-        self.churn = cfg.trainer.churn
+        self.t, self.timeout_s = trainer, timeout_s
+        self.elastic = trainer.elastic
+        self.churn = trainer.churn
         if (self.churn.kill_at or self.churn.join_at) and not self.elastic.enabled:
             raise ValueError("trainer.churn needs trainer.elastic.enabled=true")
-        port, n0 = free_port(), cfg.trainer.world_size
+        port, n0 = free_port(), trainer.world_size
         # Initial ranks join the group at `port`; later ones start alone (master_port None).
         self.workers = WorkerGroup("trainer", TrainerWorker,
-                                   lambda i: (cfg, i, port if i < n0 else None, hub_address, hub_token),
-                                   num_cpus=cfg.ray.actor_num_cpus)
+                                   lambda i: dict(rank_kwargs, trainer=trainer, rank=i,
+                                                  master_port=port if i < n0 else None),
+                                   num_cpus=num_cpus)
         self.events_path = Path(run_dir) / "trainer_events.jsonl"
         self.checkpoint_dir = checkpoint_dir
         self.version = 0
@@ -82,7 +84,7 @@ class TrainerGroup:
         return len(self.workers.members)
 
     def start(self) -> None:
-        self.workers.start(self.cfg.trainer.world_size)
+        self.workers.start(self.t.world_size)
 
     def wait_ready(self, timeout_s: float) -> dict[str, Any]:
         info = self.workers.wait_ready(timeout_s)
@@ -102,7 +104,7 @@ class TrainerGroup:
         handles = list(self.members.values())
         refs = [getattr(h, method).remote(*(a[i] for a in args_per_rank)) for i, h in enumerate(handles)]
         try:
-            return ray.get(refs, timeout=timeout_s or self.cfg.timeout_s)
+            return ray.get(refs, timeout=timeout_s or self.timeout_s)
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError, ray.exceptions.RayTaskError) as e:
             raise TrainerGroupError(f"trainer group failed in {method}: {e}") from e
 
@@ -123,7 +125,7 @@ class TrainerGroup:
         """Mean metrics over ranks; None when the step failed (elastic: the group has re-formed and
         `self.version` says which version it holds; the caller decides whether to train the batch again)."""
         try:
-            per_rank = ray.get(refs, timeout=self.cfg.timeout_s)
+            per_rank = ray.get(refs, timeout=self.timeout_s)
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError, ray.exceptions.RayTaskError) as e:
             if not self.elastic.enabled:
                 raise TrainerGroupError(f"trainer group failed in a step: {e}") from e
@@ -172,7 +174,7 @@ class TrainerGroup:
 
     def _admit_joiners(self, wait: bool = False) -> None:
         if wait and self.joining:
-            ray.wait([ref for _, ref in self.joining.values()], num_returns=len(self.joining), timeout=self.cfg.timeout_s)
+            ray.wait([ref for _, ref in self.joining.values()], num_returns=len(self.joining), timeout=self.timeout_s)
         ready = [k for k, (_, ref) in self.joining.items() if ray.wait([ref], timeout=0)[0]]
         if not ready:
             return
@@ -240,7 +242,7 @@ class TrainerGroup:
                 raise TrainerGroupError(
                     "the latest committed version has no live replica left (its only holder was the lost "
                     "rank, and no rollout worker had fetched it yet): run a seed worker that follows latest "
-                    f"(hub.seed_dcs=[{self.cfg.trainer.location.dc}]); docs/elastic.md") from e
+                    f"(hub.seed_dcs=[{self.t.location.dc}]); docs/elastic.md") from e
             raise
         versions = {r["version"] for r in res}
         digests = {r["digest"] for r in res}

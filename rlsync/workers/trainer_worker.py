@@ -8,6 +8,9 @@ How a version leaves this rank is the run's weight-sync route (rlsync/sync/, `se
 under DeepSpeed ZeRO-3 (`trainer.publish`, hub_sharded.py) every rank publishes its own live partition
 as a shard of the version, no gather, no copy; by default rank 0 publishes the whole model (hub_full.py;
 under ZeRO-3 every rank all-gathers, a collective, first). This file never asks which route it is.
+
+A rank is built from the run's `trainer` section, the policy's `model` and `task` sections and seed (every
+rank builds the same weights), the `sync` section with the route's `RunShape`, and the hub's address.
 """
 
 from __future__ import annotations
@@ -19,11 +22,12 @@ import time
 
 import torch
 
-from rlsync.config import TrainConfig, route_of, sync_shape
 from rlsync.core.stall import StallClock
-from rlsync.sync import Side
-from rlsync.workers.group import hub_client as _hub_client, process_setup as _process_setup, with_telemetry
-from rlsync.workers.policy import build_policy
+from rlsync.sync import RunShape, Side, SyncConfig, choose_route
+from rlsync.workers.elastic import TrainerGroupConfig
+from rlsync.workers.policy import ModelConfig, TaskConfig, build_policy
+from rlsync.workers.process import (HubAccess, ProcessSetup, hub_client as _hub_client,
+                                    process_setup as _process_setup, with_telemetry)
 
 log = logging.getLogger(__name__)
 
@@ -44,18 +48,19 @@ def build_backend(t, dist, model):
 
 @with_telemetry
 class TrainerWorker:
-    def __init__(self, cfg: TrainConfig, rank: int, master_port: int | None, hub_address: str, hub_token: str):
+    def __init__(self, trainer: TrainerGroupConfig, rank: int, master_port: int | None, *, model: ModelConfig,
+                 task: TaskConfig, seed: int, sync: SyncConfig, shape: RunShape, hub: HubAccess, setup: ProcessSetup):
         """Rank `rank` of the initial group at `master_port`; `master_port=None`: a worker added to an
         elastic group mid-run, alone until `reform` takes it in (`rank` is then its actor index)."""
-        _process_setup(cfg, f"trainer-{rank}")
+        _process_setup(setup, f"trainer-{rank}")
         from rlsync.trainer import DistConfig, free_port
 
-        self.cfg, self.rank = cfg, rank
-        self._hub_address = hub_address
+        self.t, self.rank = trainer, rank
+        self._policy = (model, task, seed)  # what a re-formed rank rebuilds its model from
         self.worker_id = f"trainer-{rank}"
         self.clock = StallClock(self.worker_id, role="trainer", pool="trainer")
-        model, _ = build_policy(cfg)
-        t = cfg.trainer
+        params, _ = build_policy(model, task, seed)
+        t = trainer
         elastic = t.elastic.enabled
         timeout = t.elastic.collective_timeout_s if elastic else None
         if master_port is None:
@@ -63,14 +68,13 @@ class TrainerWorker:
             dist = DistConfig(world_size=1, rank=0, master_port=free_port(), timeout_s=timeout)
         else:
             dist = DistConfig(world_size=t.world_size, rank=rank, master_port=master_port, timeout_s=timeout)
-        self.backend = build_backend(t, dist, model)
-        route = route_of(cfg)
+        self.backend = build_backend(t, dist, params)
+        route = choose_route(sync, shape)
         # Elastic: every rank joins the hub, since after a re-form each one fetches the weights; a route
         # whose every rank publishes (its shard, hub_sharded) too.
-        self.hub = (_hub_client(cfg, hub_address, hub_token, t.location, self.worker_id)
+        self.hub = (_hub_client(hub, t.location, self.worker_id)
                     if self.rank == 0 or elastic or route.publisher.all_ranks_join else None)
-        side = Side(sync=cfg.sync, model=cfg.hub.model_name, hub=self.hub, clock=self.clock,
-                    hub_address=hub_address, shape=sync_shape(cfg))
+        side = Side(sync=sync, model=hub.model, hub=self.hub, clock=self.clock, hub_address=hub.address, shape=shape)
         self.publisher = route.publisher(side, self.rank, digest=elastic)
 
     def ready(self) -> dict:
@@ -93,14 +97,14 @@ class TrainerWorker:
         from rlsync.trainer import DistConfig
 
         t0 = time.perf_counter()
-        e = self.cfg.trainer.elastic
+        e = self.t.elastic
         self.release()
         self.rank = rank
         self.publisher.rank = rank
         with self.clock.state("loading_weights"):
             dist = DistConfig(world_size=world_size, rank=rank, master_port=master_port,
                               timeout_s=e.collective_timeout_s)
-            version = self.backend.reform(dist, self.publisher.recover, lambda: build_policy(self.cfg)[0])
+            version = self.backend.reform(dist, self.publisher.recover, lambda: build_policy(*self._policy)[0])
         got = self.publisher.recovered
         opt = "reinit"
         if e.optimizer_state == "checkpoint" and optimizer_from and self.backend.load_optimizer_state(optimizer_from):
@@ -147,7 +151,7 @@ class TrainerWorker:
         m["sync/trainer_gathered_bytes"] = float(getattr(self.backend, "gathered_bytes", 0))
         if "digest" in pub:
             m["digest"] = pub["digest"]
-        if self.cfg.trainer.elastic.enabled:
+        if self.t.elastic.enabled:
             with self.clock.state("loading_weights"):
                 self._keep_backup(pub["version"])
         return m
@@ -156,7 +160,7 @@ class TrainerWorker:
         """Rank 1 fetches the version rank 0 just published (after a barrier: it is committed) into its
         backup buffers, which releases the previous one; other ranks drop any backup they still hold."""
         dist = torch.distributed
-        on = self.cfg.trainer.elastic.backup_replica and dist.is_initialized() and dist.get_world_size() > 1
+        on = self.t.elastic.backup_replica and dist.is_initialized() and dist.get_world_size() > 1
         if on:
             dist.barrier()
         self.publisher.keep_backup(version, hold=on and self.rank == 1)

@@ -39,7 +39,7 @@ def _model_bytes(cfg) -> int:
     follows the task's alphabet, so the size changes with the task)."""
     from rlsync.workers.policy import build_policy
 
-    model, _ = build_policy(cfg)
+    model, _ = build_policy(cfg.model, cfg.task, cfg.seed)
     return sum(t.numel() * t.element_size() for t in model.state_dict().values())
 
 

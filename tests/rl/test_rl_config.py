@@ -6,8 +6,8 @@ import pytest
 from hydra import compose, initialize_config_module
 from hydra.errors import ConfigCompositionException
 
-import rlsync.config as config_module
-from rlsync.config import TrainConfig, recipe_files, register_configs, to_config
+from rlsync.config.compose import recipe_files, register_configs, to_config
+from rlsync.config.schema import TrainConfig
 
 RECIPES = sorted(recipe_files())  # every recipes/*.yaml and recipes/tests/*.yaml: a new recipe is tested by being there
 
@@ -113,7 +113,7 @@ def test_every_hub_knob_is_reachable_from_the_run_config():
     ("hub.client.transport=carrier-pigeon", "hub.client.transport: unknown transport 'carrier-pigeon'"),
 ])
 def test_a_bad_choice_is_refused_when_composed_naming_the_key_and_the_choices(override, named):
-    from rlsync.config import ConfigError
+    from rlsync.core.errors import ConfigError
     from rlsync.core.registry import UnknownNameError
 
     with pytest.raises((ConfigError, UnknownNameError)) as e:
@@ -123,7 +123,7 @@ def test_a_bad_choice_is_refused_when_composed_naming_the_key_and_the_choices(ov
 
 def test_algorithm_args_are_typed_per_algorithm_when_composed():
     """trainer/algos.py: each algorithm types its components' args; the run builds from the same values."""
-    from rlsync.config import unknown_override
+    from rlsync.config.compose import unknown_override
 
     grpo, ppo = to_config(_compose("+recipe=grpo_standalone")), to_config(_compose("+recipe=ppo_standalone"))
     assert grpo.trainer.algo.policy_loss_args["kl_coef"] == 0.0 and grpo.trainer.algo.adv_est_args["norm_by_std"]
@@ -146,7 +146,7 @@ def test_algorithm_args_are_typed_per_algorithm_when_composed():
 
 
 def test_enum_choices_and_unknown_keys_are_refused_with_the_choices():
-    from rlsync.config import unknown_override
+    from rlsync.config.compose import unknown_override
 
     with pytest.raises(ConfigCompositionException):
         _compose("+recipe=grpo_standalone", "trainer.elastic.optimizer_state=sometimes")
@@ -181,7 +181,7 @@ def test_enum_choices_and_unknown_keys_are_refused_with_the_choices():
      "trainer.publish=sharded needs sync.mode=hub"),
 ])
 def test_a_value_out_of_range_or_breaking_a_cross_field_rule_is_refused_naming_key_value_and_rule(overrides, named):
-    from rlsync.config import ConfigError
+    from rlsync.core.errors import ConfigError
 
     with pytest.raises(ConfigError) as e:
         to_config(_compose("+recipe=grpo_standalone", *overrides))
@@ -189,7 +189,7 @@ def test_a_value_out_of_range_or_breaking_a_cross_field_rule_is_refused_naming_k
 
 
 def test_adding_a_key_the_schema_does_not_have_is_refused_but_mappings_and_recipes_are_not():
-    from rlsync.config import unknown_override
+    from rlsync.config.compose import unknown_override
 
     assert unknown_override("+trainer.lrr=1").startswith("unknown config key 'trainer.lrr': trainer has algo,")
     assert unknown_override("++steps2=1").startswith("unknown config key 'steps2': the top level has")
@@ -198,7 +198,7 @@ def test_adding_a_key_the_schema_does_not_have_is_refused_but_mappings_and_recip
 
 
 def test_the_defaults_and_every_recipe_pass_the_value_rules():
-    from rlsync.config import check_config
+    from rlsync.config.compose import check_config
 
     check_config(TrainConfig())
     for recipe in RECIPES:
@@ -230,7 +230,7 @@ def test_a_typo_fails_in_seconds_before_ray_starts_naming_the_key(tmp_path):
 
 
 def test_auto_publish_is_sharded_exactly_where_zero3_partitions_can_be_read():
-    from rlsync.config import route_of
+    from rlsync.config.compose import route_of
 
     def cfg(*o):
         return to_config(_compose("+recipe=grpo_standalone", *o))

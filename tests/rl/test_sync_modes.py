@@ -38,7 +38,7 @@ def test_mode_moves_every_version_through_its_channel_and_logs_eval(ray_address,
 
 
 def test_broadcast_refuses_a_pool_that_can_change_size(tiny_cfg):
-    from rlsync.config import check_config
+    from rlsync.config.compose import check_config
     from rlsync.sync import SyncModeError
 
     cfg = tiny_cfg(**{"sync.mode": "broadcast"})

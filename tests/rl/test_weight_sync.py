@@ -11,7 +11,8 @@ import time
 import pytest
 import torch
 
-from rlsync.config import TrainConfig, check_config, route_of
+from rlsync.config.compose import check_config, route_of, sync_shape
+from rlsync.config.schema import TrainConfig
 from rlsync.core.stall import StallClock
 from rlsync.hub import ClientConfig, HubClient, Location, start_embedded_hub
 from rlsync.rollout import RolloutEngine
@@ -49,8 +50,6 @@ def test_a_new_route_is_one_registered_class_and_the_run_can_choose_it():
         publisher, receiver = WEIGHT_SYNCS.get("hub_full").publisher, WEIGHT_SYNCS.get("hub_full").receiver
 
     try:
-        from rlsync.config import sync_shape
-
         assert choose_route(SyncConfig(mode="pigeon"), sync_shape(TrainConfig())) is Pigeon
     finally:
         WEIGHT_SYNCS._table.pop("test_pigeon")  # the session's other tests see the built-ins only
@@ -68,7 +67,8 @@ class StagedWithoutStaging(Undeclared):
 
 
 def test_engines_declare_what_they_can_take_and_a_false_declaration_is_refused():
-    model, _ = build_policy(TrainConfig())
+    cfg = TrainConfig()
+    model, _ = build_policy(cfg.model, cfg.task, cfg.seed)
     hf = RolloutEngine(RolloutEngine.Config(), model, pad_token_id=0, eos_token_id=1)
     assert caps_of(hf) == EngineCaps(in_place_fetch=True, load_state=True) and not caps_of(hf).reads_hub
     with pytest.raises(EngineCapsError, match="declares no `sync_caps`"):
@@ -85,10 +85,10 @@ def test_a_receiver_waits_for_its_version_with_one_parked_call_not_a_poll(tmp_pa
         trainer.join(Location(host="t"), "trainer")
         reader.join(Location(host="r"), "reader")
         try:
-            src, _ = build_policy(cfg)
+            src, _ = build_policy(cfg.model, cfg.task, cfg.seed)
             live = {n: p.data for n, p in src.named_parameters()}
             trainer.publish("policy", 1, live)
-            model, _ = build_policy(cfg)
+            model, _ = build_policy(cfg.model, cfg.task, cfg.seed)
             engine = RolloutEngine(RolloutEngine.Config(), model, pad_token_id=0, eos_token_id=1)
             engine.version = -1
             side = Side(sync=SyncConfig(wait_s=30.0), model="policy", hub=reader, clock=StallClock("r", "rollout"),

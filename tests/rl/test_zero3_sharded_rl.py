@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from rlsync.config import route_of
+from rlsync.config.compose import route_of
 from rlsync.driver import Driver
 from rlsync.telemetry.loggers import read_jsonl
 
@@ -25,7 +25,7 @@ def _partition_bytes(cfg) -> tuple[int, int]:
     from rlsync.workers.policy import build_policy
     from rlsync.sync.hub_sharded import reader_layout
 
-    model, _ = build_policy(cfg)
+    model, _ = build_policy(cfg.model, cfg.task, cfg.seed)
     layout = reader_layout(model, cfg.trainer.world_size)
     per_rank = [sum(p.length * 4 for p in pieces) + len(record(layout, r)) for r, pieces in enumerate(layout.ranks)]
     return sum(p.numel() * 4 for p in model.parameters()), max(per_rank)
