@@ -47,7 +47,9 @@ def test_the_contracts_cover_the_rooms():
     text = (ROOT / "pyproject.toml").read_text()
     for must in ('source_modules = ["rlsync.hub"]', 'modules = ["rlsync.trainer", "rlsync.rollout"]',
                  'source_modules = ["rlsync.core"]', 'source_modules = ["rlsync.trainer", "rlsync.rollout"]',
-                 'source_modules = ["rlsync.sim"]', 'source_modules = ["rlsync.sync"]'):
+                 'source_modules = ["rlsync.sim"]', 'source_modules = ["rlsync.sync"]',
+                 'containers = ["rlsync.hub"]',  # the hub's packages in layers
+                 'source_modules = ["rlsync.rollout", "rlsync.trainer", "rlsync.workers", "rlsync.driver"'):  # the face
         assert must in text, must
 
 
