@@ -98,8 +98,8 @@ class TrainerGroupConfig:
     publish: str = field(default="auto", metadata={"one_of": ("auto", "gathered", "sharded")})
     """How each version reaches the hub: `gathered` (rank 0 publishes the whole model; under ZeRO-3 every rank
     all-gathers it first), `sharded` (DeepSpeed ZeRO-3: every rank publishes its own live partition, no gather;
-    readers reassemble whole tensors, docs/resharding.md) or `auto` (sharded for ZeRO-3 with sync.mode=hub, no
-    elastic group, seed DCs or sync.deltas; else gathered)."""
+    readers reassemble whole tensors, docs/resharding.md) or `auto` (sharded for ZeRO-3 on the hub route, no
+    elastic group, seed DCs or deltas; else gathered)."""
     algo: TrainerBackend.Config = field(default_factory=lambda: TrainerBackend.Config(
         optimizer=OptimizerConfig(lr=RUN_LR)), metadata={"bounds": ALGO_BOUNDS})
     """The update: optimizer, advantage estimator, policy loss (GRPO, PPO ...), epochs. Composed runs pick a typed

@@ -1,6 +1,6 @@
 """The real small model as a plain HF directory, prepared once from a PyPI package and cached.
 
-    path = prepare_smollm2()              # ~/.cache/rlsync/models/smollm2-135m-instruct-bf16-<pkg version>
+    path = prepare_smollm2()              # <cache root>/smollm2-135m-instruct-bf16-<pkg version>
     AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)   # the trainer (transformers)
     vllm.LLM(model=path, dtype="bfloat16", ...)                        # the rollout engine (vLLM)
 
@@ -31,7 +31,7 @@ _READY = "rlsync-ready"
 
 
 def models_cache_root() -> str:
-    """$RLSYNC_MODEL_CACHE, else the user's cache dir ($XDG_CACHE_HOME or ~/.cache) + rlsync/models."""
+    """$RLSYNC_MODEL_CACHE, else `models` under `rlsync` in the user's cache dir ($XDG_CACHE_HOME or ~/.cache)."""
     if os.environ.get("RLSYNC_MODEL_CACHE"):
         return os.environ["RLSYNC_MODEL_CACHE"]
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
