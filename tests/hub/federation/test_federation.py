@@ -14,7 +14,8 @@ import pytest
 from rlsync.hub import ClientConfig, HubClient, ManifestConfig
 from rlsync.hub.dataplane.config import DataPlaneConfig
 from rlsync.hub.tools.demo import start_hub_process
-from rlsync.hub.tools.procs import WorkerProcess, close_all, digest, make_model
+from rlsync.hub.tools.fakes import digest, make_model
+from rlsync.hub.tools.procs import WorkerProcess, close_all
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -155,7 +156,7 @@ def test_killing_dc1s_hub_leaves_dc0_training_and_dc1_catches_up(fed, wait_until
     trainer.call("publish_loop", model="policy", size_mb=size, period_s=0.3)
     wait_until(lambda: len(fed.replicated()) >= 1, 60, "a first version committed in dc1")
     got = far.call("fetch", model="policy", version="latest", buf="a")
-    assert got["digest"] == digest(make_model(size, seed=got["version"]))
+    assert got["digest"] == digest(make_model(size, seed=got["version"]).tensors)
     published = []  # the trainer's publish results, in order
 
     def commits(n: int) -> None:
@@ -173,7 +174,7 @@ def test_killing_dc1s_hub_leaves_dc0_training_and_dc1_catches_up(fed, wait_until
     assert all(r["ok"] for r in published[mark:]), published[mark:]
     got0 = near.call("fetch", model="policy", version="latest", buf="b")
     assert got0["version"] >= published[-1]["version"]
-    assert got0["digest"] == digest(make_model(size, seed=got0["version"]))
+    assert got0["digest"] == digest(make_model(size, seed=got0["version"]).tensors)
     assert max(fed.replicated()) == before   # nothing could commit in dc1 meanwhile
     fed.start_hub("dc1")                     # same port, same journal
     commits(1)
@@ -181,7 +182,7 @@ def test_killing_dc1s_hub_leaves_dc0_training_and_dc1_catches_up(fed, wait_until
     wait_until(lambda: max(fed.replicated()) >= newest, 90, f"dc1 catching up to v{newest}")
     got1 = far.call("fetch", model="policy", version="latest", buf="c")
     assert got1["version"] >= newest
-    assert got1["digest"] == digest(make_model(size, seed=got1["version"]))
+    assert got1["digest"] == digest(make_model(size, seed=got1["version"]).tensors)
     trainer.call("stop_loop")
     published.extend(trainer.call("loop_results"))
     # the home stopped at its final version: once dc1 has it the gateway is idle (no commit half-recorded)

@@ -102,7 +102,7 @@ def test_fetch_right_after_a_hub_restart_waits_for_re_registration(tmp_path, pro
         got1 = reader.fetch("policy", 1)   # v1 is no longer `latest`: held by the trainer only
         got2 = reader.fetch("policy", "latest")
         assert (got1.version, got2.version) == (1, 2)
-        from rlsync.hub.tools.procs import digest
+        from rlsync.hub.tools.fakes import digest
         assert digest(got1.tensors) == pub1["digest"] and digest(got2.tensors) == pub2["digest"]
         assert set(got1.bytes_by_source) == set(got2.bytes_by_source) == {trainer.wid}
         reader.leave()

@@ -13,7 +13,8 @@ from rlsync.hub import errors as E
 from rlsync.hub.dataplane.config import DataPlaneConfig
 from rlsync.hub.tools.demo import start_hub_process
 from rlsync.hub.state.planner import PlannerConfig
-from rlsync.hub.tools.procs import WorkerError, WorkerProcess, close_all, digest
+from rlsync.hub.tools.fakes import digest
+from rlsync.hub.tools.procs import WorkerError, WorkerProcess, close_all
 from rlsync.hub.server.loop import start_embedded_hub
 from rlsync.hub.state import HubConfig
 
