@@ -17,6 +17,8 @@ from rlsync.hub.tools.demo import start_hub_process
 from rlsync.hub.tools.fakes import digest, make_model
 from rlsync.hub.tools.procs import WorkerProcess, close_all
 
+from ports import free_port  # tests/ports.py
+
 pytestmark = pytest.mark.timeout(240)
 
 CHUNK = 1 << 20
@@ -27,13 +29,6 @@ def _cfg() -> ClientConfig:
                         dataplane=DataPlaneConfig(io_timeout_s=10.0))
 
 
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Fed:
     """dc0's and dc1's hub processes, dc1's gateway process, and worker processes."""
 
@@ -42,7 +37,7 @@ class Fed:
         self.dirs = {dc: str(tmp_path / dc) for dc in ("dc0", "dc1")}
         for d in self.dirs.values():
             os.makedirs(d)
-        self.ports = {dc: _free_port() for dc in self.dirs}
+        self.ports = {dc: free_port() for dc in self.dirs}
         self.hubs, self.addr, self.token = {}, {}, {}
         for dc in self.dirs:
             self.start_hub(dc)

@@ -15,6 +15,7 @@ from rlsync.hub.tools.procs import WorkerProcess, close_all
 from rlsync.hub.server.loop import start_embedded_hub
 from rlsync.hub.state import HubConfig
 
+from ports import free_port  # tests/ports.py
 from waiting import wait_for  # tests/waiting.py
 
 pytestmark = pytest.mark.timeout(300)
@@ -75,13 +76,6 @@ def test_the_trainer_keeps_its_copy_while_one_reader_holds_it_so_that_readers_ki
         got = late.call("fetch", model="policy", version=1)
         assert got["version"] == 1 and got["digest"] == pub["digest"]
         assert got["bytes_by_source"].get(trainer.wid, 0) > 0
-
-
-def free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_fetch_right_after_a_hub_restart_waits_for_re_registration(tmp_path, procs):
