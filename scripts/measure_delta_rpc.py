@@ -65,11 +65,11 @@ def main() -> None:
         if v > 1:
             tr.release("policy", v - 1)
         cmd_delta._mutate_real("T", v, 0.05)
-        tr.publish("policy", v, STATE.models["T"]["tensors"])
-        tr.publish_delta("policy", v, STATE.models["T"]["tensors"])
+        tr.publish("policy", v, STATE.models["T"].tensors)
+        tr.publish_delta("policy", v, STATE.models["T"].tensors)
         modes: list[str] = []
         ts = [threading.Thread(target=lambda i=i: modes.append(readers[i].fetch_delta(
-            "policy", into=STATE.models[f"R{i}"]["tensors"]).mode)) for i in range(a.readers)]
+            "policy", into=STATE.models[f"R{i}"].tensors).mode)) for i in range(a.readers)]
         for t in ts:
             t.start()
         for t in ts:

@@ -278,12 +278,6 @@ class ReshardPlan:
     def ranks(self) -> list[int]:
         return sorted({c.rank for c in self.copies})
 
-    def elements_by_rank(self) -> dict[int, int]:
-        out: dict[int, int] = {}
-        for c in self.copies:
-            out[c.rank] = out.get(c.rank, 0) + c.n * c.count
-        return out
-
 
 def _slice_runs(shape: tuple[int, ...], s: Slice) -> tuple[tuple[int, ...], list[tuple[int, int]]]:
     """(block shape, flat [start, end) runs of the full tensor in row-major block order)."""

@@ -2,12 +2,11 @@
 
 Each `WorkerProcess` is a real OS process (forked from a fork server that imported torch) with its own `HubClient`, data-plane server
 and tensors. The parent sends it commands (join, publish, fetch, release, overwrite, ...) and gets
-plain-data answers (digests of tensor bytes, who served what), so tests can check bit-for-bit
+plain-data answers (digests of tensor bytes by `fakes.digest`, who served what), so tests can check bit-for-bit
 equality across processes without shipping weights back.
 """
 from __future__ import annotations
 
-import hashlib
 import multiprocessing as mp
 import threading
 import time
@@ -15,25 +14,7 @@ import traceback
 
 import torch
 
-
-def make_model(size_mb: float, seed: int, n_small: int = 16) -> dict[str, torch.Tensor]:
-    """A deterministic fake model: a few big matrices plus tiny tensors (biases/norms)."""
-    g = torch.Generator().manual_seed(seed)
-    n_big = 4
-    elems = max(1, int(size_mb * (1 << 20) / 4 / n_big))
-    out = {f"layer{i}.weight": torch.randn(elems, generator=g) for i in range(n_big)}
-    out.update({f"layer{i}.norm": torch.randn(64, generator=g) for i in range(n_small)})
-    return out
-
-
-def digest(tensors: dict[str, torch.Tensor]) -> str:
-    h = hashlib.sha256()
-    for name in sorted(tensors):
-        h.update(name.encode())
-        t = tensors[name].contiguous()
-        if t.numel():
-            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
+from rlsync.hub.tools.fakes import digest, make_model
 
 
 def _worker_main(conn, address: str, token: str, client_cfg) -> None:
@@ -85,11 +66,11 @@ def _worker_main(conn, address: str, token: str, client_cfg) -> None:
         while not loop["stop"].is_set():
             try:
                 if live is None:
-                    live = make_model(kw["size_mb"], seed=v)
+                    live = make_model(kw["size_mb"], seed=v).tensors
                 elif published is not None:  # (after a failed publish the buffers already hold v)
                     client.release(kw["model"], published)
                     published = None
-                    fresh = make_model(kw["size_mb"], seed=v)
+                    fresh = make_model(kw["size_mb"], seed=v).tensors
                     for name, t in live.items():   # the optimizer step: in place, after release
                         t.copy_(fresh[name])
                 client.publish(kw["model"], v, live)
@@ -105,7 +86,7 @@ def _worker_main(conn, address: str, token: str, client_cfg) -> None:
             return client.join(Location(**kw.get("location", {})), kw.get("name", "worker"),
                                role=kw.get("role", "worker"), follow=kw.get("follow", False))
         if cmd == "publish":
-            t = make_model(kw["size_mb"], kw["seed"])
+            t = make_model(kw["size_mb"], kw["seed"]).tensors
             bufs[kw.get("buf", "main")] = t
             if kw.get("delta"):  # its delta (or, the first time, the publisher's copy to encode the next from)
                 client.publish_delta(kw["model"], kw["version"], t, Shard(*kw.get("shard", (0, 0, 1, 1))))
@@ -123,7 +104,7 @@ def _worker_main(conn, address: str, token: str, client_cfg) -> None:
                     "started": t0, "finished": fetched}
         if cmd == "publish_step":  # a trainer step: v = a copy of `from_buf` with every `stride`-th element +1
             if kw.get("from_buf") is None:  # (the first: a fresh model); its delta published first, then v
-                t = make_model(kw["size_mb"], kw["seed"])
+                t = make_model(kw["size_mb"], kw["seed"]).tensors
             else:
                 t = {n: x.clone() for n, x in bufs[kw["from_buf"]].items()}
                 for x in t.values():

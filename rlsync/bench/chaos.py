@@ -51,18 +51,16 @@ def run_chaos(kills: int = 30, hub_kills: int = 2, seed: int = 0, readers: int =
     The next kill comes once the last one has been recovered from (the replacement reader's first
     fetch finished, the restarted hub served the probe and every live worker re-registered), after a
     seeded random pause of 0-2x `interval_s` (the schedule: kills land at every phase of a transfer)."""
-    import socket
-
     from rlsync.hub import ClientConfig, HubClient, Location, ManifestConfig
     from rlsync.hub.errors import HubError
     from rlsync.hub.dataplane.config import DataPlaneConfig
     from rlsync.hub.tools.demo import start_hub_process
-    from rlsync.hub.tools.procs import WorkerProcess, close_all, digest, make_model
+    from rlsync.hub.tools.fakes import digest, make_model
+    from rlsync.hub.tools.procs import WorkerProcess, close_all
+    from rlsync.trainer import free_port
 
     rng = random.Random(seed)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     tmp = tempfile.mkdtemp(prefix="rlsync-chaos-")
     hub, address, token = start_hub_process(tmp, port=port, worker_timeout_s=worker_timeout_s)
     cfg = ClientConfig(dataplane=DataPlaneConfig(io_timeout_s=3.0, relay_wait_s=10.0), hub_deadline_s=20.0,
@@ -126,7 +124,7 @@ def run_chaos(kills: int = 30, hub_kills: int = 2, seed: int = 0, readers: int =
             if r["ok"]:
                 want = expected.get(r["version"])
                 if want is None:
-                    want = expected[r["version"]] = digest(make_model(size_mb, seed=r["version"]))
+                    want = expected[r["version"]] = digest(make_model(size_mb, seed=r["version"]).tensors)
                 if r["digest"] == want:
                     counts["fetches_ok"] += 1
                 else:
@@ -151,7 +149,7 @@ def run_chaos(kills: int = 30, hub_kills: int = 2, seed: int = 0, readers: int =
         try:  # the hub parks the probe's fetch until a holder of `latest` has re-registered
             got = probe.fetch("policy", "latest")
             fetched = time.monotonic()
-            if digest(got.tensors) != expected.setdefault(got.version, digest(make_model(size_mb, got.version))):
+            if digest(got.tensors) != expected.setdefault(got.version, digest(make_model(size_mb, got.version).tensors)):
                 counts["torn"] += 1
             probe.release("policy", got.version)
         except HubError as e:

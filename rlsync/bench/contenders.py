@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import subprocess
 import time
 from abc import ABC, abstractmethod
@@ -78,12 +77,6 @@ class RlsyncContender(Contender):
         return self.source.read(self.transport, self.streams, self.zero_copy)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Iperf3Contender(Contender):
     name, key = "iperf3 single stream", "iperf3"
 
@@ -92,7 +85,8 @@ class Iperf3Contender(Contender):
 
     def setup(self) -> None:
         self._bin = ensure_iperf3()
-        self._port = _free_port()
+        from rlsync.trainer import free_port
+        self._port = free_port()
         self._server = subprocess.Popen([self._bin, "-s", "-B", "127.0.0.1", "-p", str(self._port)],
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(0.3)

@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import tempfile
 import time
@@ -93,11 +92,11 @@ def run_soak(cfg: SoakConfig) -> dict:
     from rlsync.hub import ClientConfig, HubClient, ManifestConfig
     from rlsync.hub.dataplane.config import DataPlaneConfig
     from rlsync.hub.tools.demo import start_hub_process
-    from rlsync.hub.tools.procs import WorkerProcess, close_all, digest, make_model
+    from rlsync.hub.tools.fakes import digest, make_model
+    from rlsync.hub.tools.procs import WorkerProcess, close_all
+    from rlsync.trainer import free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     tmp = tempfile.mkdtemp(prefix="rlsync-soak-")
     hub, address, token = start_hub_process(tmp, port=port, worker_timeout_s=5.0)
     ccfg = ClientConfig(dataplane=DataPlaneConfig(io_timeout_s=5.0), hub_deadline_s=30.0, heartbeat_s=0.5,
@@ -123,7 +122,7 @@ def run_soak(cfg: SoakConfig) -> dict:
                 continue
             want = expected.get(r["version"])
             if want is None:
-                want = expected[r["version"]] = digest(make_model(cfg.size_mb, seed=r["version"]))
+                want = expected[r["version"]] = digest(make_model(cfg.size_mb, seed=r["version"]).tensors)
             counts["fetches_ok" if r["digest"] == want else "torn"] += 1
 
     def sample(name: str, pid: int) -> None:

@@ -41,7 +41,7 @@ def test_train_cli_runs_a_tiny_recipe_and_leaves_metrics_trace_wandb_and_checkpo
     assert table["reward, first / last step"] == f"{rows[0]['reward/mean']:.3f} -> {rows[-1]['reward/mean']:.3f}"
     assert "all stall" in table and "wall time" in table, p.stdout
 
-    from rlsync.report import build_report
+    from rlsync.telemetry.report import build_report
 
     html = build_report(run_dir)
     assert html.exists() and (run_dir / "report" / "reward.png").exists()

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from rlsync.telemetry.loggers import read_jsonl
-from rlsync.report import build_report
+from rlsync.telemetry.report import build_report
 
 PNGS = ["stall_by_cause.png", "idle_ratio.png", "reward.png", "sync.png", "timeline.png"]
 
@@ -48,7 +48,7 @@ def test_report_skips_missing_parts_and_fails_clearly_on_an_empty_dir(tmp_path, 
 
 
 def test_the_stall_chart_bins_long_runs_counting_every_step_and_says_how_to_read_each_chart(tmp_path):
-    from rlsync.report import MAX_BARS, stall_bins
+    from rlsync.telemetry.report import MAX_BARS, stall_bins
 
     key = "stall/rollout_wait_weights_s"
     rows = [{"step": s, key: float(s)} for s in range(1, 376)]          # 375 steps: too many for one bar each
@@ -61,7 +61,7 @@ def test_the_stall_chart_bins_long_runs_counting_every_step_and_says_how_to_read
     (tmp_path / "metrics.jsonl").write_text("\n".join(__import__("json").dumps(r) for r in rows))
     page = build_report(tmp_path).read_text()
     assert page.count("How to read:") >= 2                               # one sentence per chart with data
-    from rlsync.report import CAUSE_NAMES
+    from rlsync.telemetry.report import CAUSE_NAMES
     from rlsync.telemetry.metrics import CAUSES
 
     assert set(CAUSE_NAMES) == set(CAUSES.values())                      # every cause has a name in words

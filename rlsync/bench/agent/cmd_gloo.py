@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import time
 
-from .protocol import STATE, command, digest
+from .protocol import STATE, command
 
 
 # ---------------------------------------------------------------- gloo broadcast (NCCL's shape)
@@ -46,13 +46,15 @@ def _gloo_init(master: str, port: int, rank: int, world: int, groups: dict[str, 
 def _gloo_bcast(buf: str, group: str, src: int = 0) -> dict:
     import torch.distributed as dist
 
+    from rlsync.hub.tools.fakes import digest
+
     g = STATE.extra["gloo"][group]
     t0 = time.monotonic()
-    works = [dist.broadcast(flat, src=src, group=g, async_op=True) for flat in STATE.models[buf]["buckets"]]
+    works = [dist.broadcast(flat, src=src, group=g, async_op=True) for flat in STATE.models[buf].buckets]
     for w in works:
         w.wait()
     t1 = time.monotonic()
-    return {"t0": t0, "t1": t1, "digest": digest(STATE.models[buf])}
+    return {"t0": t0, "t1": t1, "digest": digest(STATE.models[buf].tensors)}
 
 
 @command("gloo_close")

@@ -9,7 +9,7 @@ import os
 import sys
 import time
 
-from .protocol import STATE, build_model, command, digest, join_hub
+from .protocol import STATE, command, join_hub
 
 
 @command("ping")
@@ -19,23 +19,26 @@ def _ping() -> dict:
 
 @command("model")
 def _model(buf: str, mib: float, seed: int = 0, zero: bool = False, bucket_mib: float = 16.0) -> dict:
-    m = STATE.models[buf] = build_model(mib, seed, zero=zero, bucket_mib=bucket_mib)
-    return {"nbytes": sum(b.numel() * 4 for b in m["buckets"]), "digest": digest(m),
-            "tensors": len(m["tensors"]), "buckets": len(m["buckets"])}
+    from rlsync.hub.tools.fakes import digest, make_model  # (torch: not at the agent's start)
+    m = STATE.models[buf] = make_model(mib, seed, zero=zero, bucket_mib=bucket_mib)
+    return {"nbytes": sum(b.numel() * 4 for b in m.buckets), "digest": digest(m.tensors),
+            "tensors": len(m.tensors), "buckets": len(m.buckets)}
 
 
 @command("mutate")
 def _mutate(buf: str, step: int) -> dict:
     """A stand-in for the optimizer step: every weight changes (deterministically)."""
+    from rlsync.hub.tools.fakes import digest
     m = STATE.models[buf]
-    for flat in m["buckets"]:
+    for flat in m.buckets:
         flat.add_(float(step))
-    return {"digest": digest(m)}
+    return {"digest": digest(m.tensors)}
 
 
 @command("digest")
 def _digest(buf: str) -> str:
-    return digest(STATE.models[buf])
+    from rlsync.hub.tools.fakes import digest
+    return digest(STATE.models[buf].tensors)
 
 
 # ---------------------------------------------------------------- rlsync
@@ -80,7 +83,7 @@ def _leave(client: str) -> bool:
 @command("publish")
 def _publish(client: str, model: str, version: int, buf: str) -> dict:
     t0 = time.monotonic()
-    committed = STATE.clients[client].publish(model, version, STATE.models[buf]["tensors"])
+    committed = STATE.clients[client].publish(model, version, STATE.models[buf].tensors)
     return {"committed": committed, "t0": t0, "t1": time.monotonic()}
 
 
@@ -93,13 +96,14 @@ def _release(client: str, model: str, version: int) -> dict:
 
 @command("fetch")
 def _fetch(client: str, model: str, buf: str, version: int | str = "latest", check: bool = True) -> dict:
+    from rlsync.hub.tools.fakes import digest
     c = STATE.clients[client]
     t0 = time.monotonic()
-    r = c.fetch(model, version, into=STATE.models[buf]["tensors"])
+    r = c.fetch(model, version, into=STATE.models[buf].tensors)
     t1 = time.monotonic()
     return {"t0": t0, "t1": t1, "version": r.version, "bytes_by_source": r.bytes_by_source,
             "transports": sorted(set(r.transports.values())),
-            "digest": digest(STATE.models[buf]) if check else None}
+            "digest": digest(STATE.models[buf].tensors) if check else None}
 
 
 @command("join_and_fetch")

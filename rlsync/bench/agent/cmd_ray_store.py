@@ -21,32 +21,32 @@ def _ray_driver(address: str, hosts: list[str], mib: float, seed: int, bucket_mi
     @ray.remote(num_cpus=0)
     class Holder:
         def __init__(self, mib, seed, zero, bucket_mib):
-            from rlsync.bench.agent.protocol import build_model
-            self.m = build_model(mib, seed, zero=zero, bucket_mib=bucket_mib)
+            from rlsync.hub.tools.fakes import make_model
+            self.m = make_model(mib, seed, zero=zero, bucket_mib=bucket_mib)
 
         def mutate(self, step):
-            from rlsync.bench.agent.protocol import digest
-            for flat in self.m["buckets"]:
+            from rlsync.hub.tools.fakes import digest
+            for flat in self.m.buckets:
                 flat.add_(float(step))
-            return digest(self.m)
+            return digest(self.m.tensors)
 
         def put(self, at):
             time.sleep(max(0.0, at - time.monotonic()))
             t0 = time.monotonic()
-            ref = ray.put([b.numpy() for b in self.m["buckets"]])
+            ref = ray.put([b.numpy() for b in self.m.buckets])
             return [ref], t0, time.monotonic()
 
         def get(self, refs, at):
             import torch
 
-            from rlsync.bench.agent.protocol import digest
+            from rlsync.hub.tools.fakes import digest
             time.sleep(max(0.0, at - time.monotonic()))
             t0 = time.monotonic()
             arrays = ray.get(refs[0])
-            for dst, src in zip(self.m["buckets"], arrays):
+            for dst, src in zip(self.m.buckets, arrays):
                 dst.copy_(torch.from_numpy(src))
             t1 = time.monotonic()
-            return {"t0": t0, "t1": t1, "digest": digest(self.m)}
+            return {"t0": t0, "t1": t1, "digest": digest(self.m.tensors)}
 
     actors = {h: Holder.options(resources={f"host_{h}": 0.001}).remote(mib, seed, h != "trainer", bucket_mib)
               for h in hosts}

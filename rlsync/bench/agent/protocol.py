@@ -11,9 +11,10 @@ other things. `at=` (a monotonic time) makes a command start at that instant in 
 Commands live in a registry (`@command("name")`, on `rlsync.core.registry.Registry`), one `cmd_*.py`
 file per system: rlsync's in `cmd_hub.py`, the baselines' in `cmd_gloo.py` and `cmd_ray_store.py`,
 deltas' in `cmd_delta.py`, the gateway's in `cmd_federation.py`. This module is what both sides share
-(the registry, `STATE`, the model and its digest, the parent's `Agent` handle); only the agent's
-`__main__` imports the command modules. Models are flat buckets with per-tensor views (how DeepSpeed/Megatron
-keep parameters), so every system reads and writes the very same memory, warm (touched) first.
+(the registry, `STATE`, the parent's `Agent` handle); only the agent's `__main__` imports the command
+modules. Models are `rlsync.hub.tools.fakes.make_model(..., bucket_mib=...)`: flat buckets with per-tensor
+views (how DeepSpeed/Megatron keep parameters), so every system reads and writes the very same memory,
+warm (touched) first; every agent digests them with `fakes.digest`.
 """
 from __future__ import annotations
 
@@ -42,55 +43,13 @@ class AgentState:
     """Everything one agent process holds between commands."""
 
     def __init__(self) -> None:
-        self.models: dict[str, dict] = {}     # buf -> {"tensors": {name: view}, "buckets": [flat]}
+        self.models: dict[str, Any] = {}      # buf -> FakeModel (tensors: views into buckets)
         self.clients: dict[str, Any] = {}     # name -> HubClient
         self.hubs: dict[str, Any] = {}        # name -> HubServer
         self.extra: dict[str, Any] = {}       # baselines' state (gloo groups, ray handles, ...)
 
 
 STATE = AgentState()
-
-
-# ---------------------------------------------------------------- models
-def build_model(mib: float, seed: int, n_layers: int = 8, bucket_mib: float = 16.0, zero: bool = False) -> dict:
-    """A fake model of `mib` MiB (float32): n_layers big matrices + small norms/biases, laid out in
-    flat buckets of about `bucket_mib` MiB; each tensor is a contiguous view into its bucket."""
-    import torch
-
-    big = max(1, int(mib * (1 << 20) / 4 / n_layers) - 2 * 256)
-    shapes = []
-    for i in range(n_layers):
-        shapes += [(f"layers.{i}.weight", big), (f"layers.{i}.norm", 256), (f"layers.{i}.bias", 256)]
-    cap = max(1, int(bucket_mib * (1 << 20) / 4))
-    buckets_spec, cur, acc = [], [], 0
-    for name, n in shapes:
-        if cur and acc + n > cap:
-            buckets_spec.append(cur)
-            cur, acc = [], 0
-        cur.append((name, n))
-        acc += n
-    buckets_spec.append(cur)
-    g = torch.Generator().manual_seed(seed)
-    tensors, buckets = {}, []
-    for spec in buckets_spec:
-        flat = torch.zeros(sum(n for _, n in spec), dtype=torch.float32)  # zeros: pages touched
-        if not zero:
-            flat.normal_(generator=g)
-        off = 0
-        for name, n in spec:
-            tensors[name] = flat[off:off + n]
-            off += n
-        buckets.append(flat)
-    return {"tensors": tensors, "buckets": buckets}
-
-
-def digest(model: dict) -> str:
-    import torch
-    import xxhash
-    h = xxhash.xxh3_128()
-    for flat in model["buckets"]:
-        h.update(flat.view(torch.uint8).numpy().data)  # any dtype (bf16 has no numpy twin)
-    return h.hexdigest()
 
 
 def join_hub(client: str, address: str, token: str, ip: str, location: dict, transport: str | None = None,

@@ -9,7 +9,8 @@ import pytest
 from rlsync.hub import ClientConfig, HubClient, Location, ManifestConfig
 from rlsync.hub import errors as E
 from rlsync.hub.dataplane.config import DataPlaneConfig
-from rlsync.hub.tools.procs import WorkerProcess, close_all, digest
+from rlsync.hub.tools.fakes import digest
+from rlsync.hub.tools.procs import WorkerProcess, close_all
 from rlsync.hub.server.loop import start_embedded_hub
 
 pytestmark = pytest.mark.timeout(120)

@@ -14,7 +14,10 @@ import pytest
 from rlsync.hub import ClientConfig, HubClient, ManifestConfig
 from rlsync.hub.dataplane.config import DataPlaneConfig
 from rlsync.hub.tools.demo import start_hub_process
-from rlsync.hub.tools.procs import WorkerProcess, close_all, digest, make_model
+from rlsync.hub.tools.fakes import digest, make_model
+from rlsync.hub.tools.procs import WorkerProcess, close_all
+
+from ports import free_port  # tests/ports.py
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -26,13 +29,6 @@ def _cfg() -> ClientConfig:
                         dataplane=DataPlaneConfig(io_timeout_s=10.0))
 
 
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Fed:
     """dc0's and dc1's hub processes, dc1's gateway process, and worker processes."""
 
@@ -41,7 +37,7 @@ class Fed:
         self.dirs = {dc: str(tmp_path / dc) for dc in ("dc0", "dc1")}
         for d in self.dirs.values():
             os.makedirs(d)
-        self.ports = {dc: _free_port() for dc in self.dirs}
+        self.ports = {dc: free_port() for dc in self.dirs}
         self.hubs, self.addr, self.token = {}, {}, {}
         for dc in self.dirs:
             self.start_hub(dc)
@@ -155,7 +151,7 @@ def test_killing_dc1s_hub_leaves_dc0_training_and_dc1_catches_up(fed, wait_until
     trainer.call("publish_loop", model="policy", size_mb=size, period_s=0.3)
     wait_until(lambda: len(fed.replicated()) >= 1, 60, "a first version committed in dc1")
     got = far.call("fetch", model="policy", version="latest", buf="a")
-    assert got["digest"] == digest(make_model(size, seed=got["version"]))
+    assert got["digest"] == digest(make_model(size, seed=got["version"]).tensors)
     published = []  # the trainer's publish results, in order
 
     def commits(n: int) -> None:
@@ -173,7 +169,7 @@ def test_killing_dc1s_hub_leaves_dc0_training_and_dc1_catches_up(fed, wait_until
     assert all(r["ok"] for r in published[mark:]), published[mark:]
     got0 = near.call("fetch", model="policy", version="latest", buf="b")
     assert got0["version"] >= published[-1]["version"]
-    assert got0["digest"] == digest(make_model(size, seed=got0["version"]))
+    assert got0["digest"] == digest(make_model(size, seed=got0["version"]).tensors)
     assert max(fed.replicated()) == before   # nothing could commit in dc1 meanwhile
     fed.start_hub("dc1")                     # same port, same journal
     commits(1)
@@ -181,7 +177,7 @@ def test_killing_dc1s_hub_leaves_dc0_training_and_dc1_catches_up(fed, wait_until
     wait_until(lambda: max(fed.replicated()) >= newest, 90, f"dc1 catching up to v{newest}")
     got1 = far.call("fetch", model="policy", version="latest", buf="c")
     assert got1["version"] >= newest
-    assert got1["digest"] == digest(make_model(size, seed=got1["version"]))
+    assert got1["digest"] == digest(make_model(size, seed=got1["version"]).tensors)
     trainer.call("stop_loop")
     published.extend(trainer.call("loop_results"))
     # the home stopped at its final version: once dc1 has it the gateway is idle (no commit half-recorded)

@@ -5,7 +5,7 @@ import torch
 
 from rlsync.hub import ClientConfig, HubClient, Location, start_embedded_hub
 from rlsync.hub.federation.gateway import Gateway, GatewayConfig
-from rlsync.hub.tools.procs import digest
+from rlsync.hub.tools.fakes import digest
 
 
 def _model(v: int) -> dict:

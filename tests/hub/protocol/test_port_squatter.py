@@ -14,13 +14,7 @@ import zmq
 from rlsync.hub import ClientConfig, HubClient, Location
 from rlsync.hub.server.loop import start_embedded_hub
 
-
-
-def free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from ports import free_port  # tests/ports.py
 
 
 def test_a_client_whose_hub_port_was_squatted_by_another_zmq_socket_rejoins_when_the_hub_returns(tmp_path, wait_until):

@@ -15,6 +15,7 @@ from rlsync.hub.tools.procs import WorkerProcess, close_all
 from rlsync.hub.server.loop import start_embedded_hub
 from rlsync.hub.state import HubConfig
 
+from ports import free_port  # tests/ports.py
 from waiting import wait_for  # tests/waiting.py
 
 pytestmark = pytest.mark.timeout(300)
@@ -77,13 +78,6 @@ def test_the_trainer_keeps_its_copy_while_one_reader_holds_it_so_that_readers_ki
         assert got["bytes_by_source"].get(trainer.wid, 0) > 0
 
 
-def free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_fetch_right_after_a_hub_restart_waits_for_re_registration(tmp_path, procs):
     """kill -9 of the hub: a fetch the moment it is back gets the trainer's versions, never
     'no worker holds it' (the trainer held them throughout and re-registers within the grace)."""
@@ -102,7 +96,7 @@ def test_fetch_right_after_a_hub_restart_waits_for_re_registration(tmp_path, pro
         got1 = reader.fetch("policy", 1)   # v1 is no longer `latest`: held by the trainer only
         got2 = reader.fetch("policy", "latest")
         assert (got1.version, got2.version) == (1, 2)
-        from rlsync.hub.tools.procs import digest
+        from rlsync.hub.tools.fakes import digest
         assert digest(got1.tensors) == pub1["digest"] and digest(got2.tensors) == pub2["digest"]
         assert set(got1.bytes_by_source) == set(got2.bytes_by_source) == {trainer.wid}
         reader.leave()

@@ -2,7 +2,6 @@
 notice, and kill -9 of the hub itself. Nothing torn, nothing stale, nothing lost that had a copy."""
 import os
 import signal
-import socket
 import time
 
 import pytest
@@ -13,9 +12,12 @@ from rlsync.hub import errors as E
 from rlsync.hub.dataplane.config import DataPlaneConfig
 from rlsync.hub.tools.demo import start_hub_process
 from rlsync.hub.state.planner import PlannerConfig
-from rlsync.hub.tools.procs import WorkerError, WorkerProcess, close_all, digest
+from rlsync.hub.tools.fakes import digest
+from rlsync.hub.tools.procs import WorkerError, WorkerProcess, close_all
 from rlsync.hub.server.loop import start_embedded_hub
 from rlsync.hub.state import HubConfig
+
+from ports import free_port  # tests/ports.py
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -39,12 +41,6 @@ def procs():
         except ProcessLookupError:
             pass
     close_all(made)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def two_sources_one_slow(hub, procs, **kw):

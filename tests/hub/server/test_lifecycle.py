@@ -4,7 +4,6 @@ On ea01902 `python -m rlsync.hub serve` died by the signal (exit -15) with its W
 """
 import os
 import signal
-import socket
 import sqlite3
 import time
 
@@ -16,11 +15,7 @@ from rlsync.hub import errors as E
 from rlsync.hub.tools.demo import start_hub_process
 from rlsync.hub.server.loop import start_embedded_hub
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from ports import free_port  # tests/ports.py
 
 pytestmark = pytest.mark.timeout(120)
 W = {"w": torch.arange(1024, dtype=torch.float32)}

@@ -7,7 +7,6 @@ answered by the new hub, and a hub that never comes back is HubUnavailableError,
 import math
 import os
 import signal
-import socket
 import threading
 import time
 
@@ -17,6 +16,8 @@ import torch
 from rlsync.hub import ClientConfig, HubClient, Location
 from rlsync.hub import errors as E
 from rlsync.hub.tools.demo import start_hub_process
+
+from ports import free_port  # tests/ports.py
 
 pytestmark = pytest.mark.timeout(180)
 W = {"w": torch.arange(64, dtype=torch.float32)}
@@ -88,12 +89,6 @@ def test_bad_arguments_are_refused_typed_and_nothing_is_parked(hub, make_client,
     assert hub.server._waits == {}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def hub_proc(tmp_path):
     procs = []
@@ -111,7 +106,7 @@ def hub_proc(tmp_path):
 
 
 def test_a_hub_restart_while_parked_is_answered_by_the_new_hub(hub_proc, wait_until):
-    port = _free_port()
+    port = free_port()
     proc, address, token = hub_proc(port)
     cfg = ClientConfig(transport="tcp-py", hub_deadline_s=60.0)
     trainer = HubClient(address, token, config=cfg)
@@ -138,7 +133,7 @@ def test_a_hub_restart_while_parked_is_answered_by_the_new_hub(hub_proc, wait_un
 
 
 def test_a_hub_that_does_not_come_back_is_a_typed_error_not_a_hang(hub_proc, wait_until):
-    proc, address, token = hub_proc(_free_port())
+    proc, address, token = hub_proc(free_port())
     reader = HubClient(address, token, config=ClientConfig(rpc_timeout_s=1.0, hub_deadline_s=3.0))
     probe = HubClient(address, token, config=ClientConfig(rpc_timeout_s=1.0, hub_deadline_s=3.0))
     try:
