@@ -208,19 +208,6 @@ def _field_type(owner: type, f: dataclasses.Field) -> Any:
         return None
 
 
-def sync_shape(cfg: TrainConfig) -> RunShape:
-    """What choosing the run's weight-sync route needs to know beyond its `sync` section."""
-    t = cfg.trainer
-    return RunShape(backend=t.backend, zero_stage=t.zero_stage, publish=t.publish, trainer_world_size=t.world_size,
-                    elastic_trainer=t.elastic.enabled, seed_dcs=bool(cfg.hub.seed_dcs),
-                    moving_pools=tuple(n for n, p in cfg.pools.items() if p.policy != "fixed"))
-
-
-def route_of(cfg: TrainConfig) -> type[WeightSync]:
-    """The registered weight-sync route this run uses (`hub_full`, `hub_sharded`, `object_store`, ...)."""
-    return choose_route(cfg.sync, sync_shape(cfg))
-
-
 # ---- what each actor is built from (its sections, never the whole config) ------------------------------
 def hub_access(cfg: TrainConfig, address: str, token: str) -> HubAccess:
     """How the run's workers reach its hub at `address`."""
