@@ -22,7 +22,7 @@ How a read goes (the data-plane framing, tickets and relay waits are hub/datapla
 
 GPU memory: a replica whose tensors are CUDA tensors is registered directly when the
 nvidia-peermem module is loaded (GPUDirect RDMA); otherwise its pinned host mirror is
-(hub/dataplane/transports/cuda.py). Readers always land in host-registered memory they can verify.
+(hub/dataplane/device.py). Readers always land in host-registered memory they can verify.
 """
 from __future__ import annotations
 
