@@ -67,6 +67,13 @@ class CudaIpcTransport(Transport):
         if why:
             raise TransportUnavailableError(why.replace("cuda:", "cuda_ipc:", 1))
 
+    @classmethod
+    def endpoint_info(cls) -> dict:
+        """The GPUs this worker sees (for the planner's device labels)."""
+        if D.unavailable_reason():
+            return {}
+        return {"cuda": {"devices": torch.cuda.device_count(), "visible": os.environ.get("CUDA_VISIBLE_DEVICES", "")}}
+
     def usable_between(self, mine: dict, peer: dict) -> bool:
         # IPC handles cannot be opened by the process that exported them.
         return (super().usable_between(mine, peer) and mine.get("boot_id") == peer.get("boot_id") != ""
@@ -137,9 +144,3 @@ class CudaIpcTransport(Transport):
     def close(self) -> None:
         self._opened.clear()  # frees the opened storages: cudaIpcCloseMemHandle
 
-
-def endpoint_info() -> dict:
-    """What a worker advertises about its GPUs (for the planner's device labels)."""
-    if D.unavailable_reason():
-        return {}
-    return {"cuda": {"devices": torch.cuda.device_count(), "visible": os.environ.get("CUDA_VISIBLE_DEVICES", "")}}
