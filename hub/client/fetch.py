@@ -20,7 +20,7 @@ from rlsync.hub.model.manifest import Manifest, allocate, dtype_name
 from rlsync.hub.model.replica_id import ReplicaId
 from rlsync.hub.model.shard import Shard
 from rlsync.hub.dataplane.store import LocalReplica
-from rlsync.hub.dataplane.tuning import choose_path, measured
+from rlsync.hub.dataplane.tuning import choose_path
 from rlsync.hub.dataplane import device
 from rlsync.hub.protocol.args import check_coords as _check_coords, check_value
 
@@ -125,8 +125,6 @@ class Fetching:
             _check_tensors(into, "into")
             self._check_destination(into)
             spec = [[n, dtype_name(t.dtype), list(t.shape)] for n, t in into.items()]
-        dp = self.cfg.dataplane
-        measured(self.cfg.transport, dp.streams, dp.zero_copy_send)  # before the plan: its tickets expire soon
         t0 = time.monotonic()
         have = self._manifests.have(model, shard) if _plan is None else {}  # the hub leaves these out
         plan = _plan or self._call("fetch", wid=wid, model=model, version=version, shard=shard.to_wire(),
