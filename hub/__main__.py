@@ -42,11 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.cmd == "calibrate":
         setup_logging()
-        from rlsync.hub.dataplane.tuning import REMOTE, SAME_HOST, load_or_calibrate
+        from rlsync.hub.dataplane.tuning import REMOTE, SAME_HOST, cache_file, load_or_calibrate
         cal = load_or_calibrate(refresh=True)
         for c, v in sorted(cal.measured.items(), key=lambda kv: -max(kv[1], default=0)):
             print(f"{c.label:24s} {' '.join(f'{x:.2f}' for x in v)} GB/s")
         print(f"load {cal.loadavg:.1f}; same host: {cal.choice(SAME_HOST).label}; remote: {cal.choice(REMOTE).label}")
+        print(f"cached in {cache_file()}: every fetch on this host reads it")
         return 0
     if a.cmd == "doctor":
         from rlsync.hub.dataplane.transports import transport_report

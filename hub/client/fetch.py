@@ -20,8 +20,8 @@ from rlsync.hub.model.manifest import Manifest, allocate, dtype_name
 from rlsync.hub.model.replica_id import ReplicaId
 from rlsync.hub.model.shard import Shard
 from rlsync.hub.dataplane.store import LocalReplica
-from rlsync.hub.dataplane.tuning import choose_path, measured
-from rlsync.hub.dataplane.transports import cuda
+from rlsync.hub.dataplane.tuning import choose_path
+from rlsync.hub.dataplane import device
 from rlsync.hub.protocol.args import check_coords as _check_coords, check_value
 
 log = logging.getLogger("rlsync.hub.client")  # one logger for the whole client (log set-up names it)
@@ -58,7 +58,7 @@ def _check_tensors(tensors: dict, what: str) -> None:
     if not isinstance(tensors, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
                                                 for k, v in tensors.items()):
         raise E.BufferMismatchError(f"{what} must be a dict of str -> torch.Tensor")
-    cuda.check_tensors(tensors, what)  # host tensors; CUDA tensors where CUDA is usable
+    device.check_tensors(tensors, what)  # host tensors; CUDA tensors where CUDA is usable
 
 
 def _span(t: torch.Tensor) -> tuple[int, int]:
@@ -125,8 +125,6 @@ class Fetching:
             _check_tensors(into, "into")
             self._check_destination(into)
             spec = [[n, dtype_name(t.dtype), list(t.shape)] for n, t in into.items()]
-        dp = self.cfg.dataplane
-        measured(self.cfg.transport, dp.streams, dp.zero_copy_send)  # before the plan: its tickets expire soon
         t0 = time.monotonic()
         have = self._manifests.have(model, shard) if _plan is None else {}  # the hub leaves these out
         plan = _plan or self._call("fetch", wid=wid, model=model, version=version, shard=shard.to_wire(),
@@ -156,9 +154,9 @@ class Fetching:
         try:
             manifest = self._manifests.take(plan, have, model, shard)
             if into is not None:
-                cuda.check_into(manifest, into)
+                device.check_into(manifest, into)
             dest_tensors = dict(into) if into is not None else allocate(manifest)
-            dest = cuda.make_replica(rid, manifest, dest_tensors, full=False)
+            dest = device.make_replica(rid, manifest, dest_tensors, full=False)
             # The hub already advertises this relay: serve it at once (no unit is present yet, so
             # its readers wait on the condition variable), then release whatever version these
             # buffers held before writing into them (the mutability contract).

@@ -18,7 +18,7 @@ from rlsync.hub.model.manifest import ManifestConfig, build_manifest
 from rlsync.hub.model.replica_id import ReplicaId
 from rlsync.hub.model.shard import Shard
 from rlsync.hub.dataplane.store import LocalReplica
-from rlsync.hub.dataplane.transports import cuda
+from rlsync.hub.dataplane import device
 from rlsync.hub.protocol.args import check_coords as _check_coords
 
 log = logging.getLogger("rlsync.hub.client")  # one logger for the whole client (log set-up names it)
@@ -44,7 +44,7 @@ class Publishing:
             raise E.VersionError(f"{model!r} v{version} {shard.key} already published by this worker")
         mcfg = manifest_config or self.cfg.manifest
         if any(t.device.type == "cuda" for t in tensors.values()):
-            local = cuda.DeviceReplica.for_publish(rid, tensors, mcfg)  # pinned host mirror
+            local = device.DeviceReplica.for_publish(rid, tensors, mcfg)  # pinned host mirror
         else:
             local = LocalReplica(rid, build_manifest(tensors, mcfg), dict(tensors), full=True)
         manifest = local.manifest

@@ -18,9 +18,7 @@ from rlsync.hub.model.location import Location
 from rlsync.hub.protocol.rpc import RpcChannel
 from rlsync.hub.model.shard import Shard
 from rlsync.hub.protocol.tickets import TicketVerifier
-from rlsync.hub.dataplane.transports import available_transports
-from rlsync.hub.dataplane.transports import cuda, rdma
-from rlsync.hub.dataplane.transports.shm import boot_id
+from rlsync.hub.dataplane.transports import endpoint_info
 
 log = logging.getLogger("rlsync.hub.client")  # one logger for the whole client (log set-up names it)
 
@@ -38,10 +36,8 @@ class Session:
             raise E.InvalidArgumentError(f"location must be a Location, got {type(location).__name__}")
         self.location = location or Location()
         self._data = DataServer(self.store, self.cfg.dataplane)
-        self._endpoint = {"tcp": self._data.address, "pid": os.getpid(), "boot_id": boot_id(),
-                          "host": self.location.host, "transports": available_transports(),
-                          "reader_key": self._reader_key.public_bytes,
-                          **rdma.endpoint_info(), **cuda.endpoint_info()}
+        self._endpoint = {"tcp": self._data.address, "pid": os.getpid(), "host": self.location.host,
+                          "reader_key": self._reader_key.public_bytes, **endpoint_info()}
         try:
             r = self._rpc.call("join", name=name, location=self.location.to_wire(), endpoint=self._endpoint,
                                role=role, follow=follow)

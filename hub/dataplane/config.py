@@ -18,10 +18,12 @@ class DataPlaneConfig:
     streams: int | None = None
     """Parallel connections per source a reader opens, units striped over them (capped by the
     transport's `max_streams`: 1 for tcp-py, whose per-unit verification holds the GIL).
-    None: the count measured fastest on this host for the peer's class (rlsync.hub.dataplane.tuning)."""
+    None: the count this host's calibration measured fastest for the peer's class, 2 without one
+    (rlsync.hub.dataplane.tuning: a fetch reads a calibration, never runs one)."""
     zero_copy_send: bool | None = None
     """Ask `tcp` sources to splice their pages into the socket (True) or copy them (False).
-    None: the mode measured faster on this host (which one wins differs between machines)."""
+    None: the mode this host's calibration measured faster (which one wins differs between machines),
+    zero-copy without one."""
     register_wait_s: float = 5.0
     """How long a request with a valid ticket waits for a relay the hub advertised but this worker has
     not registered yet (it is still receiving its own plan)."""

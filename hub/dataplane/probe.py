@@ -35,8 +35,7 @@ def _serve(size: int, chunk_bytes: int, public_key: bytes) -> None:
     from rlsync.hub.model.manifest import ManifestConfig, build_manifest
     from rlsync.hub.dataplane.store import LocalReplica, ReplicaStore
     from rlsync.hub.protocol.tickets import TicketVerifier
-    from rlsync.hub.dataplane.transports import available_transports
-    from rlsync.hub.dataplane.transports.shm import boot_id
+    from rlsync.hub.dataplane.transports import endpoint_info
 
     block = torch.randint(0, 256, (1 << 20,), dtype=torch.uint8)
     data = block.repeat(size // block.numel() + 1)[:size].clone()  # touched: warm
@@ -46,8 +45,7 @@ def _serve(size: int, chunk_bytes: int, public_key: bytes) -> None:
     store.add(LocalReplica(_REPLICA, manifest, tensors, full=True))
     server = DataServer(store, DataPlaneConfig())
     server.worker_id, server.verifier = "source", TicketVerifier(public_key)
-    print(json.dumps({"endpoint": {"tcp": server.address, "pid": os.getpid(), "boot_id": boot_id(), "host": "local",
-                                   "transports": available_transports()},
+    print(json.dumps({"endpoint": {"tcp": server.address, "pid": os.getpid(), "host": "local", **endpoint_info()},
                       "manifest": manifest.to_wire()}), flush=True)
     sys.stdin.read()
     server.close()

@@ -2,13 +2,15 @@
 
 Which rlsync path is fastest differs between machines of one kind (docs/performance.md: on one
 2-vCPU host the 2-stream zero-copy send led, on another the copying send was 25% faster and `shm`
-was twice either), so no constant default can be within 5% of the best everywhere. Instead, the
-first read a process makes calibrates once per host: a data-plane server in a second process
-(rlsync.hub.dataplane.probe, the same source `python -m rlsync.bench transfer` reads) and this
-process's reader move `size` bytes (256 MiB) over loopback with every candidate path (interleaved
-rounds, median), and `pick` keeps the fastest per peer class. The result is cached in a small JSON file keyed by host
-name, kernel release, CPU count and native engine build (`~/.cache/rlsync/dataplane/`), so later processes on the host
-read it instead of measuring; `python -m rlsync.hub calibrate` measures again.
+was twice either), so no constant default can be within 5% of the best everywhere. Instead, a host is
+calibrated once: a data-plane server in a second process (rlsync.hub.dataplane.probe, the same source
+`python -m rlsync.bench transfer` reads) and this process's reader move `size` bytes (256 MiB) over
+loopback with every candidate path (interleaved rounds, median), and `pick` keeps the fastest per
+peer class. The result is cached in a small JSON file keyed by host name, kernel release, CPU count
+and native engine build (`~/.cache/rlsync/dataplane/`). `python -m rlsync.hub calibrate` measures
+(so does the transfer benchmark); a fetch only reads the file (`cached`, from `choose_path`) and,
+with none, takes the documented defaults at once: a measurement is ~10 s of both cores here, which
+no read should wait for or compete with.
 
 Peer classes: `same_host` (reader and source share a boot: every candidate, shm included) and
 `remote` (TCP candidates only). Loopback measures the engine's own CPU cost per byte on both
@@ -25,7 +27,6 @@ import os
 import platform
 import socket
 import statistics
-import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -187,83 +188,91 @@ def calibrate(size: int = CALIBRATION_BYTES, rounds: int = 4) -> Calibration:
     return cal
 
 
-_lock = threading.Lock()
-_loaded: Calibration | None = None
-_failed = ""
 FALLBACK_STREAMS = 2
-"""Streams for a transport the calibration did not measure (rdma, cuda_ipc) or when it failed."""
+"""Streams where no calibration decides: a transport it did not measure (rdma, cuda_ipc), or a host
+without one (the documented defaults: the registry's priority order, this, the zero-copy send)."""
+
+
+def cache_file() -> Path:
+    """This host's calibration file (per format: processes of older code keep their own file)."""
+    return cache_dir() / f"{host_key()}-f{FORMAT}.json"
 
 
 def load_or_calibrate(refresh: bool = False) -> Calibration:
-    """This host's calibration: cached in this process, else read from the cache file, else
-    measured (once per host: other processes wait on a file lock, then read what it wrote)."""
-    global _loaded
-    with _lock:
-        if _loaded is not None and not refresh:
-            return _loaded
+    """This host's calibration: read from the cache file, else measured now and written there (once
+    per host: other processes wait on a file lock, then read what it wrote). `python -m rlsync.hub
+    calibrate` and the transfer benchmark call this; a fetch never does (it calls `cached`)."""
+    from rlsync.hub.dataplane.native import warn_if_stale
+    warn_if_stale()
+    d = cache_dir()
+    make_private_dirs(d)  # 0700 and 0600 below, whatever the umask: this user's files only
+    path = cache_file()
+    with open_private(d / f"{host_key()}.lock", "a") as lk:
+        fcntl.flock(lk, fcntl.LOCK_EX)
+        cal, why = (None, "asked to measure again") if refresh else _read(path)
+        if cal is None:
+            log.info("data-path calibration %s: %s; measuring", path, why)
+            cal = calibrate()
+            write_private_atomic(path, json.dumps(cal.to_json(), indent=1))
+    return cal
+
+
+_said: set = set()
+"""What `cached` has logged in this process."""
+
+
+def cached() -> Calibration | None:
+    """This host's cached calibration, or None: then the documented defaults apply. Reads, never
+    measures and never waits for a measurement in progress (the file is replaced atomically), so a
+    fetch can call it per source; a host is measured by `python -m rlsync.hub calibrate`."""
+    if "engine" not in _said:
         from rlsync.hub.dataplane.native import warn_if_stale
+        _said.add("engine")
         warn_if_stale()
-        d = cache_dir()
-        make_private_dirs(d)  # 0700 and 0600 below, whatever the umask: this user's files only
-        path = d / f"{host_key()}-f{FORMAT}.json"  # per format: processes of older code keep their own file
-        with open_private(d / f"{host_key()}.lock", "a") as lk:
-            fcntl.flock(lk, fcntl.LOCK_EX)
-            cal = None if refresh else _read(path)
-            if cal is None:
-                cal = calibrate()
-                write_private_atomic(path, json.dumps(cal.to_json(), indent=1))
-        _loaded = cal
-        return cal
+    path = cache_file()
+    cal, why = _read(path)
+    if cal is None and (path, why) not in _said:  # per source of every fetch: say it once
+        _said.add((path, why))
+        log.info("data-path calibration %s: %s; using the registry's priority, %d streams, zero-copy send "
+                 "(`python -m rlsync.hub calibrate` measures this host)", path, why, FALLBACK_STREAMS)
+    return cal
 
 
 def provisional(measured_at_load: float, load_now: float, cpus: int) -> bool:
-    """A calibration taken on a saturated machine (load above the CPU count) is measured again by the
-    first process that finds the load at most half of that: contention decides such a measurement
-    as much as the paths do. E.g. provisional(10.4, 1.0, 2) is True; provisional(1.5, 0.2, 2) False."""
+    """A calibration taken on a saturated machine (load above the CPU count) is not trusted once the
+    load is at most half of that (the next `calibrate` measures again): contention decided such a
+    measurement as much as the paths did. E.g. provisional(10.4, 1.0, 2) is True; provisional(1.5, 0.2, 2) False."""
     return measured_at_load > cpus and load_now <= measured_at_load / 2
 
 
-def _read(path: Path) -> Calibration | None:
+def _read(path: Path) -> tuple[Calibration | None, str]:
+    """The calibration in `path`, or None and why it is not usable."""
     try:
         cal = Calibration.from_json(json.loads(path.read_text()))
-        if provisional(cal.loadavg, os.getloadavg()[0], os.cpu_count() or 1):
-            log.info("data-path calibration %s was taken at load %.1f: measuring again", path, cal.loadavg)
-            return None
-        return cal
     except FileNotFoundError:
-        return None
-    except (ValueError, KeyError, TypeError) as e:
-        log.warning("ignoring data-path calibration %s (%s): measuring again", path, e)
-        return None
-
-
-def measured(forced: str | None = None, streams: int | None = None, zero_copy: bool | None = None
-             ) -> Calibration | None:
-    """The host's calibration if the config leaves anything to measurement (None where it fixes all,
-    or where measuring failed: then the registry's priority order and FALLBACK_STREAMS apply).
-    A fetch calls this before asking for its plan, whose tickets expire within seconds."""
-    global _failed
-    if (streams is not None and zero_copy is not None and forced is not None) or _failed:
-        return None
-    try:
-        return load_or_calibrate()
-    except Exception as e:  # noqa: BLE001 - a failed measurement must not fail reads: fall back
-        _failed = str(e)
-        log.warning("data-path calibration failed (%s): using transport priority and %d streams",
-                    e, FALLBACK_STREAMS)
-        return None
+        return None, "none cached"
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return None, f"unreadable ({e})"
+    if provisional(cal.loadavg, os.getloadavg()[0], os.cpu_count() or 1):
+        return None, f"taken at load {cal.loadavg:.1f}, provisional"
+    return cal, ""
 
 
 def choose_path(mine: dict, peer: dict, forced: str | None = None, streams: int | None = None,
-                zero_copy: bool | None = None):
+                zero_copy: bool | None = None, calibration: Calibration | None = None):
     """(transport, streams) a reader at `mine` uses towards `peer`: the measured best for the peer's
     class, with whatever the config fixes (`forced` transport, `streams`, `zero_copy`) taking
     precedence. The transport's `zero_copy` is set: the reader asks the source for that send mode.
+    `calibration`: the measurement to follow (default: this host's cached one, read but never taken
+    here); without one, the registry's priority order, FALLBACK_STREAMS and the zero-copy send.
     """
     from rlsync.hub.errors import TransportUnavailableError
     from rlsync.hub.dataplane.transports import choose_transport, get_transport
 
-    cls, cal = peer_class(mine, peer), measured(forced, streams, zero_copy)
+    cal = calibration
+    if cal is None and not (forced is not None and streams is not None and zero_copy is not None):
+        cal = cached()
+    cls = peer_class(mine, peer)
     t = None
     if forced is None and cal is not None:
         try:

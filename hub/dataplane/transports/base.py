@@ -25,6 +25,11 @@ def register_transport(name: str):
     return deco
 
 
+def registered() -> dict[str, type["Transport"]]:
+    """Every registered transport class by name, sorted by name (available here or not)."""
+    return dict(sorted(_REGISTRY.items()))
+
+
 def transport_names() -> list[str]:
     return sorted(_REGISTRY)
 
@@ -65,6 +70,12 @@ class Transport(ABC):
         except TransportUnavailableError:
             return False
 
+    @classmethod
+    def endpoint_info(cls) -> dict:
+        """What a worker where this transport is available advertises about it when it joins, under
+        the transport's own key (e.g. rdma's link layer), for `usable_between` on its peers."""
+        return {}
+
     def usable_between(self, mine: dict, peer: dict) -> bool:
         """Can a reader with endpoint `mine` read from a server with endpoint `peer` this way?"""
         return self.name in peer.get("transports", ())
@@ -97,6 +108,14 @@ class Transport(ABC):
 
     def wait_finish(self, conn: socket.socket) -> None:
         """Server side, after the last unit: wait until the reader no longer needs the source memory."""
+
+
+def boot_id() -> str:
+    """This machine's boot: same-host transports (shm, cuda_ipc) and the path choice compare it."""
+    try:
+        return open("/proc/sys/kernel/random/boot_id").read().strip()
+    except OSError:
+        return ""
 
 
 def recv_exact(conn: socket.socket, view: memoryview) -> None:

@@ -1,11 +1,9 @@
-"""The pure logic of GPU-memory replicas and the `cuda_ipc` transport: no CUDA call, testable anywhere.
+"""The pure logic of the `cuda_ipc` transport: no CUDA call, testable anywhere. (That of GPU memory
+as a replica, the checks of CUDA tensors included, is in rlsync.hub.dataplane.device.)
 
-- `diagnose_cuda`: why GPU memory cannot be used here, in one message with how to check.
-- `check_buffers`: a fetch target's names, dtypes, shapes, contiguity and devices against a manifest
-  — the checks every transport makes, extended to CUDA tensors (`BufferMismatchError`).
-- The `cuda_ipc` unit frame: per segment either an IPC reference (tensor index, byte offset) into
-  a CUDA allocation the reader opens once per connection, or "inline" (host bytes that follow in the
-  frame, for segments whose source tensor lives in host memory). `IpcHandle` is what opening needs.
+The `cuda_ipc` unit frame: per segment either an IPC reference (tensor index, byte offset) into a
+CUDA allocation the reader opens once per connection, or "inline" (host bytes that follow in the
+frame, for segments whose source tensor lives in host memory). `IpcHandle` is what opening needs.
 
     payload = u32 header_len | msgpack header {"h": {ti: handle}, "s": [[0, ti, off, len] | [1, len]]}
               | the inline segments' bytes, in order
@@ -17,57 +15,11 @@ from dataclasses import astuple, dataclass
 
 import msgpack
 
-from rlsync.hub.errors import BufferMismatchError, ProtocolError
+from rlsync.hub.errors import ProtocolError
 
 IPC, INLINE = 0, 1
 HEADER = struct.Struct("!I")
 MAX_HEADER = 1 << 20
-
-
-def diagnose_cuda(torch_version: str, cuda_build: str | None, is_available: bool, device_count: int) -> str | None:
-    """Why CUDA memory cannot be served or fetched here (None when it can)."""
-    if not cuda_build:
-        return (f"cuda: torch {torch_version} is a CPU-only build (torch.version.cuda is None); "
-                "install a CUDA build of torch, and check the GPU with `nvidia-smi`")
-    if not is_available or device_count == 0:
-        return (f"cuda: no usable GPU (torch {torch_version}, CUDA {cuda_build}: torch.cuda.is_available() "
-                "is False); check with `nvidia-smi` and the driver version")
-    return None
-
-
-@dataclass(frozen=True, slots=True)
-class BufferSpec:
-    """What the checks need of a tensor (built from a torch.Tensor by `spec_of`, or by hand in tests)."""
-
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    device: str
-    """'cpu', 'cuda:0' ..."""
-    contiguous: bool
-
-
-def check_buffers(manifest_tensors, into: list[BufferSpec], cuda_ok: bool) -> None:
-    """Raise BufferMismatchError unless `into` matches the manifest's tensors (name, dtype, shape),
-    each is contiguous and on the host or (when `cuda_ok`) a CUDA device — the same checks as
-    Manifest.check_buffers, which accepts host memory only."""
-    want = {s.name: s for s in manifest_tensors}
-    have = {b.name: b for b in into}
-    missing, extra = sorted(set(want) - set(have)), sorted(set(have) - set(want))
-    if missing or extra:
-        raise BufferMismatchError(f"into tensors: missing {missing[:5]}, unexpected {extra[:5]}")
-    for name, s in want.items():
-        b = have[name]
-        if tuple(b.shape) != tuple(s.shape) or b.dtype != s.dtype:
-            raise BufferMismatchError(f"into[{name!r}] is {tuple(b.shape)} {b.dtype}; the version has "
-                                      f"{tuple(s.shape)} {s.dtype}")
-        if not b.contiguous:
-            raise BufferMismatchError(f"into[{name!r}] is not contiguous")
-        kind = b.device.split(":")[0]
-        if kind == "cuda" and not cuda_ok:
-            raise BufferMismatchError(f"into[{name!r}] is on {b.device} but CUDA is unavailable here")
-        if kind not in ("cpu", "cuda"):
-            raise BufferMismatchError(f"into[{name!r}] is on {b.device}; host or CUDA memory expected")
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,8 +125,3 @@ def decode_header(msg, manifest_segments, known_handles) -> tuple[list[Segment],
 def inline_total(segs: list[Segment]) -> int:
     return sum(s.length for s in segs if s.kind == INLINE)
 
-
-def device_copies(segments, on_device) -> list[tuple[int, int, int]]:
-    """The (ti, off, len) pieces of a unit that must be copied host -> device after it verified
-    (staging of a fetch into CUDA tensors): the segments of tensors that live on a GPU."""
-    return [(ti, off, ln) for ti, off, ln in segments if on_device(ti)]

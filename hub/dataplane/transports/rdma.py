@@ -22,7 +22,7 @@ How a read goes (the data-plane framing, tickets and relay waits are hub/datapla
 
 GPU memory: a replica whose tensors are CUDA tensors is registered directly when the
 nvidia-peermem module is loaded (GPUDirect RDMA); otherwise its pinned host mirror is
-(hub/dataplane/transports/cuda.py). Readers always land in host-registered memory they can verify.
+(hub/dataplane/device.py). Readers always land in host-registered memory they can verify.
 """
 from __future__ import annotations
 
@@ -302,6 +302,16 @@ class RdmaTransport(Transport):
         if why:
             raise TransportUnavailableError(why)
 
+    @classmethod
+    def endpoint_info(cls) -> dict:
+        """The link layer and active NIC ports (a reader refuses to pair InfiniBand with Ethernet)."""
+        why, nics = probe()
+        if why:
+            return {}
+        active = [n for n in nics if n.active]
+        return {"rdma": {"link_layer": active[0].link_layer if active else "",
+                         "nics": [f"{n.name}/{n.port}" for n in active]}}
+
     def usable_between(self, mine: dict, peer: dict) -> bool:
         a, b = mine.get("rdma") or {}, peer.get("rdma") or {}
         same_fabric = not (a.get("link_layer") and b.get("link_layer")) or a["link_layer"] == b["link_layer"]
@@ -380,12 +390,3 @@ class RdmaTransport(Transport):
             except PyverbsError as e:
                 log.warning("rdma: queue pair teardown failed: %s", e)
 
-
-def endpoint_info() -> dict:
-    """What a worker advertises about its RDMA side (for `usable_between` on the peer)."""
-    why, nics = probe()
-    if why:
-        return {}
-    active = [n for n in nics if n.active]
-    return {"rdma": {"link_layer": active[0].link_layer if active else "",
-                     "nics": [f"{n.name}/{n.port}" for n in active]}}

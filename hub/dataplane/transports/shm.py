@@ -53,13 +53,6 @@ if _readv is not None:
                        ctypes.POINTER(_IoVec), ctypes.c_ulong, ctypes.c_ulong]
 
 
-def boot_id() -> str:
-    try:
-        return open("/proc/sys/kernel/random/boot_id").read().strip()
-    except OSError:
-        return ""
-
-
 def _ptrace_scope() -> int:
     try:
         return int(open("/proc/sys/kernel/yama/ptrace_scope").read())

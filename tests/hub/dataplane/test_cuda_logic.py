@@ -1,12 +1,13 @@
 """GPU memory in the hub without a GPU: what can be checked here, and nothing more.
 
 No test in this file touches a GPU; none could (CPU-only torch, no device).
-- Pure logic (cuda_logic.py): diagnosis, the dtype/shape/device checks of fetch targets, the
-  cuda_ipc frame (handles once per connection, inline host segments) and its validation.
-- FAKE DEVICE: cuda.py's device calls (`_is_gpu`, `_pinned_like`, `_sync`, `share_handle`,
-  `open_handle`) replaced so that chosen host tensors play "GPU tensors". This runs the staging
-  path (publish through a host mirror, fetch into "device" tensors after verification) and the
-  cuda_ipc transport over a real data-plane server. It checks our bookkeeping, not CUDA.
+- Pure logic: diagnosis and the dtype/shape/device checks of fetch targets (dataplane/device.py),
+  the cuda_ipc frame (handles once per connection, inline host segments) and its validation
+  (transports/cuda_logic.py).
+- FAKE DEVICE: the device calls (device.py's `is_gpu`, `pinned_like`, `sync`; cuda.py's
+  `share_handle`, `open_handle`) replaced so that chosen host tensors play "GPU tensors". This runs
+  the staging path (publish through a host mirror, fetch into "device" tensors after verification)
+  and the cuda_ipc transport over a real data-plane server. It checks our bookkeeping, not CUDA.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 from rlsync.hub import errors as E
+from rlsync.hub.dataplane import device as D
 from rlsync.hub.dataplane.config import DataPlaneConfig
 from rlsync.hub.dataplane.transfer import DataServer, read_from_source
 from rlsync.hub.model.manifest import ManifestConfig, build_manifest
@@ -28,15 +30,15 @@ from rlsync.hub.dataplane.transports.tcp_py import PyTcpTransport
 
 # --------------------------------------------------------------------------- capability
 def test_diagnosis():
-    assert "CPU-only build" in C.diagnose_cuda("2.13.0+cpu", None, False, 0)
-    msg = C.diagnose_cuda("2.13.0", "12.8", False, 0)
+    assert "CPU-only build" in D.diagnose_cuda("2.13.0+cpu", None, False, 0)
+    msg = D.diagnose_cuda("2.13.0", "12.8", False, 0)
     assert "no usable GPU" in msg and "`nvidia-smi`" in msg
-    assert C.diagnose_cuda("2.13.0", "12.8", True, 2) is None
+    assert D.diagnose_cuda("2.13.0", "12.8", True, 2) is None
 
 
 def test_unavailable_here_with_one_clear_message():
     """Executed here: the real torch of this venv (a CPU build)."""
-    why = cuda.unavailable_reason()
+    why = D.unavailable_reason()
     assert why is not None, "this machine has no GPU; if it has one now, run the conformance suite"
     with pytest.raises(E.TransportUnavailableError, match="cuda_ipc: .*nvidia-smi"):
         get_transport("cuda_ipc")
@@ -65,11 +67,11 @@ SPECS = build_manifest({"w": torch.zeros(4, 3), "b": torch.zeros(5, dtype=torch.
 
 
 def spec(name="w", dtype="float32", shape=(4, 3), device="cuda:0", contiguous=True):
-    return C.BufferSpec(name, dtype, shape, device, contiguous)
+    return D.BufferSpec(name, dtype, shape, device, contiguous)
 
 
 def test_buffer_checks_accept_matching_cuda_and_host_buffers():
-    C.check_buffers(SPECS, [spec(), spec("b", "bfloat16", (5,), "cpu")], cuda_ok=True)
+    D.check_buffers(SPECS, [spec(), spec("b", "bfloat16", (5,), "cpu")], cuda_ok=True)
 
 
 @pytest.mark.parametrize("into,words", [
@@ -82,17 +84,17 @@ def test_buffer_checks_accept_matching_cuda_and_host_buffers():
 ])
 def test_buffer_checks_refuse(into, words):
     with pytest.raises(E.BufferMismatchError, match=words):
-        C.check_buffers(SPECS, into, cuda_ok=True)
+        D.check_buffers(SPECS, into, cuda_ok=True)
 
 
 def test_cuda_buffers_refused_where_cuda_is_unavailable():
     with pytest.raises(E.BufferMismatchError, match="CUDA is unavailable"):
-        C.check_buffers(SPECS, [spec(), spec("b", "bfloat16", (5,))], cuda_ok=False)
+        D.check_buffers(SPECS, [spec(), spec("b", "bfloat16", (5,))], cuda_ok=False)
     with pytest.raises(E.BufferMismatchError, match="host or CUDA tensors only"):
-        cuda.check_tensors({"w": torch.empty(3, device="meta")}, "into")
+        D.check_tensors({"w": torch.empty(3, device="meta")}, "into")
     with pytest.raises(E.BufferMismatchError, match="contiguous"):
-        cuda.check_tensors({"w": torch.empty(3, 4).t()}, "into")
-    cuda.check_tensors({"w": torch.empty(3)}, "into")
+        D.check_tensors({"w": torch.empty(3, 4).t()}, "into")
+    D.check_tensors({"w": torch.empty(3)}, "into")
 
 
 # --------------------------------------------------------------------------- the cuda_ipc frame
@@ -145,9 +147,9 @@ def fake_gpu(monkeypatch):
     """Host tensors registered here play GPU tensors; IPC handles are indices into a table."""
     gpu: dict[int, torch.Tensor] = {}
     shared: list[torch.Tensor] = []
-    monkeypatch.setattr(cuda, "_is_gpu", lambda t: id(t) in gpu)
-    monkeypatch.setattr(cuda, "_pinned_like", lambda t: torch.empty(t.shape, dtype=t.dtype))
-    monkeypatch.setattr(cuda, "_sync", lambda: None)
+    monkeypatch.setattr(D, "is_gpu", lambda t: id(t) in gpu)
+    monkeypatch.setattr(D, "pinned_like", lambda t: torch.empty(t.shape, dtype=t.dtype))
+    monkeypatch.setattr(D, "sync", lambda: None)
 
     def share(t):
         shared.append(t)
@@ -184,7 +186,7 @@ def weights(seed=0):
 
 
 def fetch_into(transport, endpoint, rep, into):
-    dest = cuda.make_replica("dest", rep.manifest, into, full=False)
+    dest = D.make_replica("dest", rep.manifest, into, full=False)
     tk = SIGNER.sign(Ticket("f1", "reader", READER.public_bytes, "src", rep.id, 2e9))
     read_from_source(transport, endpoint, tk, rep.id, list(range(len(rep.manifest.units))), dest, 5.0, reader=READER)
     return dest
@@ -198,15 +200,15 @@ def test_staging_publish_from_and_fetch_into_device_tensors_over_tcp(fake_gpu, s
     store, endpoint = server
     w = weights()
     src = {"emb": on_gpu(w["emb"].clone()), "w": w["w"], "bias": on_gpu(w["bias"].clone())}
-    rep = cuda.DeviceReplica.for_publish("r1", src, CFG)
+    rep = D.DeviceReplica.for_publish("r1", src, CFG)
     assert rep.tensors["emb"] is not src["emb"] and rep.tensors["w"] is src["w"]  # mirror only for GPU tensors
     assert torch.equal(rep.tensors["emb"], w["emb"])  # staged device -> host at publish
     store.add(rep)
     into = {"emb": on_gpu(torch.zeros(200, 129)), "w": torch.zeros(333, dtype=torch.int16),
             "bias": on_gpu(torch.zeros(5, dtype=torch.bfloat16))}
-    cuda.check_into(rep.manifest, into)  # names, dtypes, shapes, contiguity, devices
+    D.check_into(rep.manifest, into)  # names, dtypes, shapes, contiguity, devices
     dest = fetch_into(PyTcpTransport(), endpoint, rep, into)
-    assert isinstance(dest, cuda.DeviceReplica) and dest.complete and all(dest.on_device)
+    assert isinstance(dest, D.DeviceReplica) and dest.complete and all(dest.on_device)
     for k in w:
         assert torch.equal(into[k], w[k]), k  # copied host -> "device" after each unit verified
 
@@ -216,7 +218,7 @@ def test_cuda_ipc_device_to_device_with_handles_once(fake_gpu, server):
     store, endpoint = server
     w = weights(1)
     src = {"emb": on_gpu(w["emb"].clone()), "w": w["w"], "bias": on_gpu(w["bias"].clone())}
-    rep = cuda.DeviceReplica.for_publish("r1", src, CFG)
+    rep = D.DeviceReplica.for_publish("r1", src, CFG)
     store.add(rep)
     assert len(rep.manifest.units) > 3
     into = {"emb": on_gpu(torch.zeros(200, 129)), "w": torch.zeros(333, dtype=torch.int16),
@@ -236,7 +238,7 @@ def test_cuda_ipc_device_bytes_changed_after_publish_fail_the_checksum(fake_gpu,
     store, endpoint = server
     w = weights(2)
     src = {k: on_gpu(v.clone()) for k, v in w.items()}
-    rep = cuda.DeviceReplica.for_publish("r1", src, CFG)
+    rep = D.DeviceReplica.for_publish("r1", src, CFG)
     store.add(rep)
     src["emb"].view(-1)[3] += 1  # a broken mutability contract on the device copy
     into = {k: on_gpu(torch.zeros_like(v)) for k, v in w.items()}

@@ -1,6 +1,7 @@
 """The data path chosen by measurement (rlsync.hub.dataplane.tuning): the choice is a pure function of
-the measured numbers, the cache round-trips, a real calibration runs every candidate path, and the
-native engine serves both send modes the calibration can pick, bit-exact."""
+the measured numbers, the cache round-trips, a real calibration runs every candidate path, a fetch
+reads the host's calibration and never runs one (none cached: the defaults at once), and the native
+engine serves both send modes the calibration can pick, bit-exact."""
 from __future__ import annotations
 
 import json
@@ -64,40 +65,60 @@ def test_peer_class():
     assert T.peer_class({"boot_id": "", "host": "h"}, {"boot_id": "", "host": "h"}) == T.REMOTE
 
 
-def test_choose_path_follows_the_calibration_and_the_config(monkeypatch):
-    cal = T.Calibration({TCP2C: [5.0], TCP1Z: [4.0], P("tcp-py"): [4.5], P("shm"): [6.0]}, 1, 0.5, 0.0, "h")
-    monkeypatch.setattr(T, "_loaded", cal)
+CAL = T.Calibration({TCP2C: [5.0], TCP1Z: [4.0], P("tcp-py"): [4.5], P("shm"): [6.0]}, 1, 0.5, 0.0, "h")
+
+
+def test_choose_path_follows_the_calibration_and_the_config():
     mine = {"boot_id": "b", "host": "h"}
     here = {**mine, "transports": ["shm", "tcp", "tcp-py"], "tcp": "127.0.0.1:1"}
     there = {"boot_id": "c", "host": "g", "transports": ["shm", "tcp", "tcp-py"], "tcp": "10.0.0.2:1"}
-    t, k = T.choose_path(mine, here)
+    t, k = T.choose_path(mine, here, calibration=CAL)
     assert (t.name, k) == ("shm", 1)
-    t, k = T.choose_path(mine, there)
+    t, k = T.choose_path(mine, there, calibration=CAL)
     assert (t.name, k, t.zero_copy) == ("tcp", 2, False)
-    t, k = T.choose_path(mine, {**here, "transports": ["tcp", "tcp-py"]})  # the peer serves no shm
+    t, k = T.choose_path(mine, {**here, "transports": ["tcp", "tcp-py"]}, calibration=CAL)  # the peer serves no shm
     assert (t.name, k, t.zero_copy) == ("tcp", 2, False)
-    t, k = T.choose_path(mine, there, forced="tcp-py")
+    t, k = T.choose_path(mine, there, forced="tcp-py", calibration=CAL)
     assert (t.name, k) == ("tcp-py", 1)
-    t, k = T.choose_path(mine, there, streams=3, zero_copy=True)  # the config's fields win
+    t, k = T.choose_path(mine, there, streams=3, zero_copy=True, calibration=CAL)  # the config's fields win
     assert (t.name, k, t.zero_copy) == ("tcp", 3, True)
+
+
+def test_a_fetch_reads_the_hosts_calibration_and_without_one_takes_the_defaults(tmp_path, monkeypatch):
+    """choose_path (per source of every fetch) reads the cached file; none cached, or one it must not
+    trust, gives the documented defaults at once. It never measures, whatever it finds."""
+    monkeypatch.setenv("RLSYNC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(T, "calibrate", lambda *a, **k: pytest.fail("a fetch measured"))
+    mine = {"boot_id": "b", "host": "h"}
+    there = {"boot_id": "c", "host": "g", "transports": ["shm", "tcp", "tcp-py"], "tcp": "10.0.0.2:1"}
+    t, k = T.choose_path(mine, there)
+    assert (t.name, k, t.zero_copy) == ("tcp", T.FALLBACK_STREAMS, True)  # priority order; no file: defaults
+    assert not any(tmp_path.rglob("*"))  # nothing measured, nothing locked, nothing written
+    T.cache_file().parent.mkdir(parents=True)
+    T.cache_file().write_text(json.dumps(CAL.to_json()))  # as `python -m rlsync.hub calibrate` leaves it
+    monkeypatch.setattr(T, "provisional", lambda *a: False)
+    t, k = T.choose_path(mine, there)
+    assert (t.name, k, t.zero_copy) == ("tcp", 2, False)  # the calibration's remote choice, tcp x2 copying
+    monkeypatch.setattr(T, "provisional", lambda *a: True)  # taken on a machine far busier than now
+    t, k = T.choose_path(mine, there)
+    assert (t.name, k, t.zero_copy) == ("tcp", T.FALLBACK_STREAMS, True)
 
 
 def test_calibration_measures_every_path_and_caches_it(tmp_path, monkeypatch):
     monkeypatch.setenv("RLSYNC_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(T, "provisional", lambda *a: False)  # whatever the load now: the file is reused
-    monkeypatch.setattr(T, "_loaded", None)
     monkeypatch.setattr(T, "calibrate", lambda: real(size=8 << 20, rounds=1))  # small: a test, not a figure
     cal = T.load_or_calibrate()
     usable = [c for c in T.CANDIDATES if _usable(c.transport)]
     assert set(cal.measured) == set(usable) and all(len(v) == 1 and v[0] > 0 for v in cal.measured.values())
     files = list((tmp_path / "dataplane").glob("*.json"))
-    assert len(files) == 1 and json.loads(files[0].read_text())["choices"][T.SAME_HOST]
-    monkeypatch.setattr(T, "_loaded", None)
+    assert files == [T.cache_file()] and json.loads(files[0].read_text())["choices"][T.SAME_HOST]
+    assert T.cached().measured == cal.measured  # what every fetch on the host now reads
     monkeypatch.setattr(T, "calibrate", lambda: pytest.fail("measured again although the host's file exists"))
     again = T.load_or_calibrate()
     assert again.measured == cal.measured and again.when == cal.when
     files[0].write_text('{"format": 0}')  # an older layout is measured anew, not trusted
-    monkeypatch.setattr(T, "_loaded", None)
+    assert T.cached() is None  # ... and a fetch takes the defaults meanwhile
     anew = T.Calibration(cal.measured, cal.size_bytes, cal.loadavg, cal.when + 1, cal.host)  # measured once above
     monkeypatch.setattr(T, "calibrate", lambda: anew)
     assert T.load_or_calibrate() is anew
@@ -170,10 +191,8 @@ def test_native_tcp_refuses_malformed_request_options():
     assert t.zero_copy is True
 
 
-def test_a_fetch_with_nothing_left_to_measure_does_not_calibrate(monkeypatch):
-    monkeypatch.setattr(T, "_loaded", None)
-    monkeypatch.setattr(T, "load_or_calibrate", lambda refresh=False: pytest.fail("calibrated"))
-    assert T.measured("tcp", 2, True) is None
+def test_a_fetch_with_nothing_left_to_choose_reads_no_calibration(monkeypatch):
+    monkeypatch.setattr(T, "cached", lambda: pytest.fail("read a calibration the config overrides in full"))
     t, k = T.choose_path({"boot_id": "b", "host": "h"}, {"boot_id": "c", "host": "g", "transports": ["tcp"],
                                                          "tcp": "10.0.0.2:1"}, "tcp", 2, False)
     assert (t.name, k, t.zero_copy) == ("tcp", 2, False)
@@ -198,3 +217,49 @@ def test_a_stale_native_engine_is_told_and_calibrated_apart(tmp_path, monkeypatc
     assert "unrecorded" in B.stale_reason() and T.host_key().endswith("-eunrecorded")
     monkeypatch.setattr(B, "_engine", None)  # no engine: nothing stale, its own calibration
     assert B.stale_reason() == "" and T.host_key().endswith("-enone")
+
+
+FIRST_FETCH = r"""
+import json, os, sys, time
+probes = []  # every process this one starts that is the calibration's probe source
+sys.addaudithook(lambda ev, a: probes.append(str(a[1])) if ev == "subprocess.Popen"
+                 and "rlsync.hub.dataplane.probe" in str(a[1]) else None)
+import torch
+from rlsync.hub import HubClient, Location, start_embedded_hub
+from rlsync.hub.dataplane.transports import choose_transport, endpoint_info
+hub = start_embedded_hub(journal=os.path.join(sys.argv[1], "journal.db"))
+pub, reader = HubClient(hub.address, hub.token), HubClient(hub.address, hub.token)
+pub.join(Location(host="h0"), "trainer")
+reader.join(Location(host="h0"), "rollout")
+w = {"w": torch.randn(1 << 20), "b": torch.arange(7)}
+pub.publish("policy", 1, w)
+t0 = time.monotonic()
+got = reader.fetch("policy", "latest")
+took = time.monotonic() - t0
+print(json.dumps({"took": took, "probes": probes, "same": all(torch.equal(got.tensors[k], w[k]) for k in w),
+                  "used": list(got.transports.values()),
+                  "default": choose_transport({"host": "h0", "pid": os.getpid(), **endpoint_info()},
+                                              {"host": "h0", "pid": os.getpid(), **endpoint_info()}).name}))
+reader.leave(); pub.leave(); hub.stop()
+"""
+
+
+def test_a_first_fetch_on_a_host_without_a_calibration_measures_nothing(tmp_path):
+    """On 158bc49 the first fetch of a process on a host with no cached calibration ran one before
+    asking for its plan: a probe process and 256 MiB over every candidate path (~10 s here). Now the
+    fetch only reads a calibration: none cached, it takes the documented defaults (the transport
+    registry's priority, FALLBACK_STREAMS) at once; `python -m rlsync.hub calibrate` measures.
+    A fresh process, so nothing loaded by another test can stand in for the empty cache."""
+    import subprocess
+    import sys
+
+    cache = tmp_path / "cache"
+    env = {**os.environ, "RLSYNC_CACHE_DIR": str(cache), "RLSYNC_LOG": "WARNING"}
+    out = subprocess.run([sys.executable, "-c", FIRST_FETCH, str(tmp_path)], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["same"] and r["probes"] == [], r["probes"]  # no measurement started, not even in the background
+    assert not cache.exists() or not any(cache.rglob("*")), sorted(cache.rglob("*"))  # nothing measured, nothing written
+    assert r["used"] == [r["default"]]  # the registry's priority order chose the transport
+    assert r["took"] < 5.0, r  # a 4 MiB read: well under the ~10 s a calibration takes here

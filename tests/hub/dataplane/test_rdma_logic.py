@@ -27,7 +27,7 @@ from rlsync.hub.dataplane.config import DataPlaneConfig
 from rlsync.hub.dataplane.transfer import DataServer, read_from_source
 from rlsync.hub.dataplane.store import LocalReplica, ReplicaStore
 from rlsync.hub.protocol.tickets import ReaderKey, Ticket, TicketSigner, TicketVerifier
-from rlsync.hub.dataplane.transports import choose_transport, get_transport, rdma
+from rlsync.hub.dataplane.transports import boot_id, choose_transport, endpoint_info, get_transport, rdma
 from rlsync.hub.dataplane.transports import rdma_logic as L
 
 from waiting import wait_for  # tests/waiting.py
@@ -286,14 +286,26 @@ def test_fallback_decisions():
     assert not t.usable_between({}, {"transports": ["tcp"]})
 
 
+def test_a_worker_advertises_what_each_available_transport_adds(monkeypatch):
+    """The endpoint a worker joins with comes from the registry (one call, no transport named by the
+    client): each available transport's `endpoint_info()`, nothing from an unavailable one."""
+    ib = {"rdma": {"link_layer": "InfiniBand", "nics": ["mlx5_0/1"]}}
+    assert "rdma" not in endpoint_info() and "cuda" not in endpoint_info()  # neither runs here
+    with monkeypatch.context() as m:  # a host with an InfiniBand port
+        m.setattr(rdma.RdmaTransport, "check_available", classmethod(lambda cls: None))
+        m.setattr(rdma.RdmaTransport, "endpoint_info", classmethod(lambda cls: ib))
+        info = endpoint_info()
+    assert info["rdma"] == ib["rdma"] and "rdma" in info["transports"] and info["boot_id"] == boot_id()
+    assert rdma.RdmaTransport().usable_between({**info, "rdma": {"link_layer": "Ethernet"}}, info) is False
+
+
 def test_fetch_from_a_peer_advertising_rdma_falls_back_to_tcp(make_client, monkeypatch):
     """A real hub, publisher and reader on two 'hosts': the publisher advertises rdma; this reader
     cannot run it, so the fetch goes over TCP and says so."""
-    import rlsync.hub.client.session as client_mod  # join() advertises the transports
-    real = client_mod.available_transports
-    monkeypatch.setattr(client_mod, "available_transports", lambda: real() + ["rdma"])
-    pub = make_client(host="a", name="trainer")
-    monkeypatch.setattr(client_mod, "available_transports", real)
+    with monkeypatch.context() as m:  # the publisher's host has RDMA: join() advertises it
+        m.setattr(rdma.RdmaTransport, "check_available", classmethod(lambda cls: None))
+        assert "rdma" in endpoint_info()["transports"]
+        pub = make_client(host="a", name="trainer")
     reader = make_client(host="b", name="rollout")
     w = {"w": torch.randn(1000), "b": torch.arange(7)}
     pub.publish("policy", 1, w)

@@ -25,7 +25,7 @@ from rlsync.hub.dataplane.store import LocalReplica, ReplicaStore
 from rlsync.hub.protocol.tickets import ReaderKey, Ticket, TicketSigner, TicketVerifier
 from rlsync.hub.dataplane.transports import get_transport, transport_names
 from rlsync.hub.dataplane.transports.base import Transport, recv_exact, transport_by_kind
-from rlsync.hub.dataplane.transports.shm import boot_id
+from rlsync.hub.dataplane.transports import boot_id
 
 SMALL = ManifestConfig(chunk_bytes=64 << 10, pack_below=4 << 10, pack_bytes=16 << 10)
 SIGNER = TicketSigner()
