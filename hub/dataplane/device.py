@@ -9,7 +9,7 @@ bytes. The `cuda_ipc` transport (transports/cuda.py) reads and fills these repli
 
 NOT EXECUTED ON A GPU. The machines this was written on have no GPU and a CPU-only torch: here CUDA
 tensors are refused with the reason. What ran here is the pure logic (`diagnose_cuda`,
-`check_buffers`, `device_copies`) and the staging path over a fake device (docs/transports.md).
+`device_copies`; the buffer check is hub/model/manifest.py's) and the staging path over a fake device (docs/transports.md).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import torch
 
 from rlsync.hub.dataplane.store import LocalReplica
 from rlsync.hub.errors import BufferMismatchError
-from rlsync.hub.model.manifest import Manifest, ManifestConfig, build_manifest, dtype_name
+from rlsync.hub.model.manifest import Manifest, ManifestConfig, build_manifest, check_buffers, dtype_name, spec_of
 
 
 # --------------------------------------------------------------------------- pure logic
@@ -34,41 +34,6 @@ def diagnose_cuda(torch_version: str, cuda_build: str | None, is_available: bool
     return None
 
 
-@dataclass(frozen=True, slots=True)
-class BufferSpec:
-    """What the checks need of a tensor (built from a torch.Tensor by `spec_of`, or by hand in tests)."""
-
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    device: str
-    """'cpu', 'cuda:0' ..."""
-    contiguous: bool
-
-
-def check_buffers(manifest_tensors, into: list[BufferSpec], cuda_ok: bool) -> None:
-    """Raise BufferMismatchError unless `into` matches the manifest's tensors (name, dtype, shape),
-    each is contiguous and on the host or (when `cuda_ok`) a CUDA device — the same checks as
-    Manifest.check_buffers, which accepts host memory only."""
-    want = {s.name: s for s in manifest_tensors}
-    have = {b.name: b for b in into}
-    missing, extra = sorted(set(want) - set(have)), sorted(set(have) - set(want))
-    if missing or extra:
-        raise BufferMismatchError(f"into tensors: missing {missing[:5]}, unexpected {extra[:5]}")
-    for name, s in want.items():
-        b = have[name]
-        if tuple(b.shape) != tuple(s.shape) or b.dtype != s.dtype:
-            raise BufferMismatchError(f"into[{name!r}] is {tuple(b.shape)} {b.dtype}; the version has "
-                                      f"{tuple(s.shape)} {s.dtype}")
-        if not b.contiguous:
-            raise BufferMismatchError(f"into[{name!r}] is not contiguous")
-        kind = b.device.split(":")[0]
-        if kind == "cuda" and not cuda_ok:
-            raise BufferMismatchError(f"into[{name!r}] is on {b.device} but CUDA is unavailable here")
-        if kind not in ("cpu", "cuda"):
-            raise BufferMismatchError(f"into[{name!r}] is on {b.device}; host or CUDA memory expected")
-
-
 def device_copies(segments, on_device) -> list[tuple[int, int, int]]:
     """The (ti, off, len) pieces of a unit that must be copied host -> device after it verified
     (staging of a fetch into CUDA tensors): the segments of tensors that live on a GPU."""
@@ -80,10 +45,6 @@ def unavailable_reason() -> str | None:
     """Why CUDA memory cannot be used here, or None."""
     avail = torch.cuda.is_available()
     return diagnose_cuda(torch.__version__, torch.version.cuda, avail, torch.cuda.device_count() if avail else 0)
-
-
-def spec_of(name: str, t: torch.Tensor) -> BufferSpec:
-    return BufferSpec(name, dtype_name(t.dtype), tuple(t.shape), str(t.device), t.is_contiguous())
 
 
 def check_tensors(tensors: dict[str, torch.Tensor], what: str) -> None:

@@ -143,20 +143,9 @@ class Manifest:
         return (self.tensors, tuple((u.segments, u.nbytes) for u in self.units))
 
     def check_buffers(self, into: "dict[str, torch.Tensor]") -> None:
-        """Raise BufferMismatchError unless `into` has exactly this manifest's names, shapes, dtypes."""
-        want = {s.name: s for s in self.tensors}
-        missing, extra = sorted(set(want) - set(into)), sorted(set(into) - set(want))
-        if missing or extra:
-            raise BufferMismatchError(f"into tensors: missing {missing[:5]}, unexpected {extra[:5]}")
-        for name, s in want.items():
-            t = into[name]
-            if tuple(t.shape) != s.shape or dtype_name(t.dtype) != s.dtype:
-                raise BufferMismatchError(
-                    f"into[{name!r}] is {tuple(t.shape)} {t.dtype}; the version has {s.shape} {s.dtype}")
-            if not t.is_contiguous():
-                raise BufferMismatchError(f"into[{name!r}] is not contiguous")
-            if t.device.type != "cpu":
-                raise BufferMismatchError(f"into[{name!r}] is on {t.device}; host memory expected")
+        """Raise BufferMismatchError unless `into` has exactly this manifest's names, shapes, dtypes
+        (contiguous host tensors): `check_buffers` over the tensors' specs."""
+        check_buffers(self.tensors, [spec_of(n, t) for n, t in into.items()])
 
     def verify(self, tensors: "dict[str, torch.Tensor]", units: "Iterable[int] | None" = None) -> list[int]:
         """Indices of `units` (all by default) whose bytes in `tensors` differ from their checksum.
@@ -261,3 +250,45 @@ def allocate(manifest: Manifest) -> "dict[str, torch.Tensor]":
     """Fresh host buffers shaped like the manifest's tensors."""
     import torch
     return {s.name: torch.empty(s.shape, dtype=dtype_from_name(s.dtype)) for s in manifest.tensors}
+
+
+@dataclass(frozen=True, slots=True)
+class BufferSpec:
+    """What the buffer check needs of a destination tensor (`spec_of` builds it from a torch.Tensor; a
+    reader's wire `into_spec` gives name, dtype and shape only; tests build it by hand)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    device: str = "cpu"
+    """'cpu', 'cuda:0' ..."""
+    contiguous: bool = True
+
+
+def spec_of(name: str, t) -> BufferSpec:
+    return BufferSpec(name, dtype_name(t.dtype), tuple(t.shape), str(t.device), t.is_contiguous())
+
+
+def check_buffers(manifest_tensors, into: "list[BufferSpec]", cuda_ok: bool | None = None) -> None:
+    """THE buffer check (the client's host fetch, its CUDA fetch, and the hub's check of a reader's
+    `into_spec`): raise BufferMismatchError unless `into` matches the manifest's tensors exactly (names,
+    dtypes, shapes), each contiguous, in host memory — or, when `cuda_ok` is not None, in CUDA memory too
+    (refused while CUDA is unusable here: `cuda_ok` False)."""
+    want = {s.name: s for s in manifest_tensors}
+    have = {b.name: b for b in into}
+    missing, extra = sorted(set(want) - set(have)), sorted(set(have) - set(want))
+    if missing or extra:
+        raise BufferMismatchError(f"into tensors: missing {missing[:5]}, unexpected {extra[:5]}")
+    for name, s in want.items():
+        b = have[name]
+        if tuple(b.shape) != tuple(s.shape) or b.dtype != s.dtype:
+            raise BufferMismatchError(f"into[{name!r}] is {tuple(b.shape)} {b.dtype}; the version has "
+                                      f"{tuple(s.shape)} {s.dtype}")
+        if not b.contiguous:
+            raise BufferMismatchError(f"into[{name!r}] is not contiguous")
+        kind = b.device.split(":")[0]
+        if kind == "cuda" and cuda_ok is False:
+            raise BufferMismatchError(f"into[{name!r}] is on {b.device} but CUDA is unavailable here")
+        if kind != "cpu" and not (kind == "cuda" and cuda_ok):
+            raise BufferMismatchError(f"into[{name!r}] is on {b.device}; "
+                                      + ("host memory expected" if cuda_ok is None else "host or CUDA memory expected"))

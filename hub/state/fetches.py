@@ -9,7 +9,7 @@ import logging
 
 from rlsync.hub import errors as E
 from rlsync.hub.model.location import CROSS_DC
-from rlsync.hub.model.manifest import Manifest
+from rlsync.hub.model.manifest import BufferSpec, Manifest, check_buffers
 from rlsync.hub.state.planner import Source
 from rlsync.hub.model.replica_id import ReplicaId
 from rlsync.hub.state.retention import KEEP_OLD
@@ -290,17 +290,10 @@ class Fetches:
 
 
 def check_into_spec(manifest: Manifest, spec: list) -> None:
-    """`spec` is [[name, dtype, shape], ...] of the reader's buffers; must match the manifest exactly."""
+    """`spec` is [[name, dtype, shape], ...] of the reader's buffers; must match the manifest exactly
+    (`check_buffers`; where they live and their contiguity the reader checked)."""
     try:
-        have = {str(n): (str(d), tuple(int(x) for x in shp)) for n, d, shp in spec}
+        have = [BufferSpec(str(n), str(d), tuple(int(x) for x in shp)) for n, d, shp in spec]
     except (TypeError, ValueError):
         raise E.ProtocolError("malformed into spec") from None
-    want = {t.name: (t.dtype, t.shape) for t in manifest.tensors}
-    missing, extra = sorted(set(want) - set(have)), sorted(set(have) - set(want))
-    if missing or extra:
-        raise E.BufferMismatchError(f"into tensors: missing {missing[:5]}, unexpected {extra[:5]}")
-    for name, (dt, shp) in want.items():
-        if have[name] != (dt, shp):
-            raise E.BufferMismatchError(f"into[{name!r}] is {have[name][1]} {have[name][0]}; "
-                                        f"the version has {shp} {dt}")
-
+    check_buffers(manifest.tensors, have)

@@ -18,6 +18,7 @@ import torch
 
 from rlsync.hub import errors as E
 from rlsync.hub.dataplane import device as D
+from rlsync.hub.model import manifest as M
 from rlsync.hub.dataplane.config import DataPlaneConfig
 from rlsync.hub.dataplane.transfer import DataServer, read_from_source
 from rlsync.hub.model.manifest import ManifestConfig, build_manifest
@@ -67,11 +68,11 @@ SPECS = build_manifest({"w": torch.zeros(4, 3), "b": torch.zeros(5, dtype=torch.
 
 
 def spec(name="w", dtype="float32", shape=(4, 3), device="cuda:0", contiguous=True):
-    return D.BufferSpec(name, dtype, shape, device, contiguous)
+    return M.BufferSpec(name, dtype, shape, device, contiguous)
 
 
 def test_buffer_checks_accept_matching_cuda_and_host_buffers():
-    D.check_buffers(SPECS, [spec(), spec("b", "bfloat16", (5,), "cpu")], cuda_ok=True)
+    M.check_buffers(SPECS, [spec(), spec("b", "bfloat16", (5,), "cpu")], cuda_ok=True)
 
 
 @pytest.mark.parametrize("into,words", [
@@ -84,12 +85,12 @@ def test_buffer_checks_accept_matching_cuda_and_host_buffers():
 ])
 def test_buffer_checks_refuse(into, words):
     with pytest.raises(E.BufferMismatchError, match=words):
-        D.check_buffers(SPECS, into, cuda_ok=True)
+        M.check_buffers(SPECS, into, cuda_ok=True)
 
 
 def test_cuda_buffers_refused_where_cuda_is_unavailable():
     with pytest.raises(E.BufferMismatchError, match="CUDA is unavailable"):
-        D.check_buffers(SPECS, [spec(), spec("b", "bfloat16", (5,))], cuda_ok=False)
+        M.check_buffers(SPECS, [spec(), spec("b", "bfloat16", (5,))], cuda_ok=False)
     with pytest.raises(E.BufferMismatchError, match="host or CUDA tensors only"):
         D.check_tensors({"w": torch.empty(3, device="meta")}, "into")
     with pytest.raises(E.BufferMismatchError, match="contiguous"):
