@@ -13,7 +13,6 @@ tensors are refused with the reason. What ran here is the pure logic (`diagnose_
 """
 from __future__ import annotations
 
-
 import torch
 
 from rlsync.hub.dataplane.store import LocalReplica
