@@ -4,7 +4,6 @@
 reader to a replica whose buffers now hold something else: after a local-copy fetch (0 bytes
 moved), after a fetch that failed midway, and after a hub restart (re-registration).
 """
-import time
 
 import pytest
 import torch
@@ -13,6 +12,8 @@ from rlsync.hub import ClientConfig, HubClient, Location, ManifestConfig
 from rlsync.hub.client import fetch as client_mod  # the module whose fetch reads from sources
 from rlsync.hub import errors as E
 from rlsync.hub.server.loop import start_embedded_hub
+
+from waiting import wait_for  # tests/waiting.py
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -115,10 +116,8 @@ def test_restart_re_registers_only_what_the_buffers_still_hold(tmp_path):
         hub = start_embedded_hub(port=port, token=hub.token, journal=journal)
         # Wait (bounded) until both workers re-registered with the restarted hub.
         state = hub.server.state
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not (
-                {trainer.worker_id, reader.worker_id} <= set(dict(state.workers)) and reader.worker_id in holders(hub, 3)):
-            time.sleep(0.05)
+        wait_for(lambda: {trainer.worker_id, reader.worker_id} <= set(dict(state.workers))
+                 and reader.worker_id in holders(hub, 3), 30, "both workers re-registered", fail=False, every_s=0.05)
         assert reader.worker_id in holders(hub, 3)
         assert reader.worker_id not in holders(hub, 2)
     finally:
@@ -143,9 +142,7 @@ def test_an_aborted_relay_is_drained_before_its_buffers_are_reused(hub, make_cli
     a = {"w": torch.empty(8192)}
 
     def fails_after_four_units(sources, dest, pull):
-        t0 = time.monotonic()
-        while dest.readers == 0 and time.monotonic() - t0 < 30:  # the downstream reader is on us
-            time.sleep(0.01)
+        wait_for(lambda: dest.readers > 0, 30, fail=False, every_s=0.01)  # the downstream reader is on us
         pull([dict(s, units=s["units"][:4]) for s in sources])
         return [], [E.BufferMismatchError("injected: a fatal error after four units")]
 
@@ -162,9 +159,7 @@ def test_an_aborted_relay_is_drained_before_its_buffers_are_reused(hub, make_cli
     t = threading.Thread(target=relay_fetch_then_reuse)
     t.start()
     rid = f"{relay.worker_id}:policy:1:tp0-pp0:live"
-    t0 = time.monotonic()
-    while relay.store.get(rid) is None and time.monotonic() - t0 < 30:
-        time.sleep(0.01)
+    wait_for(lambda: relay.store.get(rid) is not None, 30, fail=False, every_s=0.01)
     with caplog.at_level("WARNING", logger="rlsync.hub.client"):
         got = down.fetch("policy", 1)   # planned on the relay (same host beats the trainer's)
     t.join(30)

@@ -17,6 +17,8 @@ from rlsync.hub.server.loop import start_embedded_hub
 
 from ports import free_port  # tests/ports.py
 
+from waiting import wait_for  # tests/waiting.py
+
 pytestmark = pytest.mark.timeout(120)
 W = {"w": torch.arange(1024, dtype=torch.float32)}
 
@@ -50,9 +52,7 @@ def test_signal_stops_the_hub_cleanly_and_a_restart_resumes(tmp_path, sig):
         assert address2 == address
         # As after kill -9: the trainer re-registers v1 and v2 (it never stopped holding them; a fetch
         # racing that re-registration is issue #18's other half), and readers get them.
-        end = time.monotonic() + 20
-        while reader.stats()["replicas"] < 2 and time.monotonic() < end:
-            time.sleep(0.05)
+        wait_for(lambda: reader.stats()["replicas"] >= 2, 20, fail=False, every_s=0.05)
         got = reader.fetch("policy", 2)
         assert got.version == 2 and torch.equal(got.tensors["w"], W["w"] + 2)
         fresh = HubClient(address, token, config=cfg)
