@@ -37,6 +37,7 @@ from rlsync.hub.protocol.rpc import pack
 from rlsync.hub.model.shard import Shard
 from rlsync.hub.dataplane.store import LocalReplica
 from rlsync.hub.protocol.args import check_coords as _check_coords
+from rlsync.hub.protocol.messages import FetchPlan
 
 log = logging.getLogger("rlsync.hub.client")
 
@@ -228,8 +229,9 @@ class DeltaSync:
         order (and {version: the delta's tensors}). `plan`: the first delta's plan, sent with the hub's choice (its manifest in compact form)."""
         if plan is not None:
             try:
-                plan = expand_plan({k: v for k, v in plan.items() if k != "compact_manifest"}, model, chain[0], shard) | \
-                    {"manifest": from_compact_wire(plan.get("compact_manifest") or {})}
+                plan = FetchPlan.from_wire(
+                    expand_plan({k: v for k, v in plan.items() if k != "compact_manifest"}, model, chain[0], shard)
+                    | {"manifest": from_compact_wire(plan.get("compact_manifest") or {})})
             except E.HubError:
                 self._fetch_done(str(plan.get("fetch_id")), ok=False)  # the hub closes the plan it made
                 raise

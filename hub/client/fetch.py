@@ -23,6 +23,7 @@ from rlsync.hub.dataplane.store import LocalReplica
 from rlsync.hub.dataplane.tuning import choose_path
 from rlsync.hub.dataplane import device
 from rlsync.hub.protocol.args import check_coords as _check_coords, check_value
+from rlsync.hub.protocol.messages import FetchPlan, Source
 
 log = logging.getLogger("rlsync.hub.client")  # one logger for the whole client (log set-up names it)
 
@@ -109,7 +110,7 @@ class Fetching:
         raise AssertionError("unreachable")
 
     def _fetch(self, model: str, version: int | str, into: dict[str, torch.Tensor] | None, shard: Shard,
-               group: tuple[str, int] | None = None, on_unit=None, _plan: dict | None = None,
+               group: tuple[str, int] | None = None, on_unit=None, _plan: FetchPlan | None = None,
                _done_later: list | None = None) -> FetchResult:
         """One fetch, as `fetch` describes (no re-planning of a lost 'latest'). `_plan`: a plan the hub
         already sent (with its manifest), from `delta_choose`. `_done_later`: the fetch's successful end
@@ -127,18 +128,20 @@ class Fetching:
             spec = [[n, dtype_name(t.dtype), list(t.shape)] for n, t in into.items()]
         t0 = time.monotonic()
         have = self._manifests.have(model, shard) if _plan is None else {}  # the hub leaves these out
-        plan = _plan or self._call("fetch", wid=wid, model=model, version=version, shard=shard.to_wire(),
-                                   group=list(group) if group else None, into_spec=spec, have_manifests=list(have))
-        fid, ver = plan["fetch_id"], plan["version"]
-        if plan.get("held"):
+        plan = _plan or FetchPlan.from_wire(self._call(
+            "fetch", wid=wid, model=model, version=version, shard=shard.to_wire(), group=list(group) if group else None,
+            into_spec=spec, have_manifests=list(have)))
+        fid, ver = plan.fetch_id, plan.version
+        if plan.held:
             got = self._already_held(model, ver, shard, into, t0)
             if got is not None:
                 return got
             have = self._manifests.have(model, shard)
-            plan = self._call("fetch", wid=wid, model=model, version=ver, shard=shard.to_wire(),
-                              group=list(group) if group else None, into_spec=spec, have_manifests=list(have))
-            fid = plan["fetch_id"]
-            if plan.get("held"):
+            plan = FetchPlan.from_wire(self._call("fetch", wid=wid, model=model, version=ver, shard=shard.to_wire(),
+                                                  group=list(group) if group else None, into_spec=spec,
+                                                  have_manifests=list(have)))
+            fid = plan.fetch_id
+            if plan.held:
                 raise E.ProtocolError(f"the hub still lists {model!r} v{ver} {shard.key} as held here")
         rid = ReplicaId(wid, model, ver, shard.key).wire
         if rid in self._held and self.store.get(rid) is not None:
@@ -171,7 +174,7 @@ class Fetching:
             raise
         per_source: dict[str, int] = {}
         used: dict[str, str] = {}
-        sources, attempts = plan["sources"], 0
+        sources, attempts = plan.sources, 0
         try:
             while True:
                 failed, errors = self._pull_all(sources, dest, per_source, used, on_unit)
@@ -189,18 +192,18 @@ class Fetching:
                     try:
                         # Sources whose port refused us are dead (not stalled): the hub drops them at once.
                         gone = [r for r, e in zip(failed, errors) if isinstance(e, E.SourceGoneError)]
-                        sources = self._call("replan", wid=wid, fetch_id=fid, failed=failed, units=missing,
-                                             **({"gone": gone} if gone else {}))["sources"]
+                        sources = Source.list_from_wire(self._call("replan", wid=wid, fetch_id=fid, failed=failed,
+                                                                   units=missing, **({"gone": gone} if gone else {})))
                     except E.UnknownFetchError:
                         # The hub restarted (or expired us) since it planned this fetch: plan it anew. The
                         # units already here stay; only missing ones are pulled (from whoever holds them now).
-                        plan = self._call("fetch", wid=wid, model=model, version=ver, shard=shard.to_wire(),
-                                          group=None, into_spec=spec,
-                                          have_manifests=list(self._manifests.have(model, shard)))
-                        if plan.get("held"):
+                        plan = FetchPlan.from_wire(self._call(
+                            "fetch", wid=wid, model=model, version=ver, shard=shard.to_wire(), group=None,
+                            into_spec=spec, have_manifests=list(self._manifests.have(model, shard))))
+                        if plan.held:
                             raise E.ProtocolError(f"the hub lists {model!r} v{ver} {shard.key} as held here "
                                                   "while this worker is still fetching it") from None
-                        fid, sources = plan["fetch_id"], plan["sources"]
+                        fid, sources = plan.fetch_id, plan.sources
                 except E.HubError as e:
                     self._abort_fetch(dest, fid, e)
         except E.HubError:
@@ -259,39 +262,39 @@ class Fetching:
         except E.NotAReplicaError:
             pass
 
-    def _pull_all(self, sources: list[dict], dest: LocalReplica, per_source: dict, used: dict, on_unit=None):
+    def _pull_all(self, sources: list[Source], dest: LocalReplica, per_source: dict, used: dict, on_unit=None):
         """Pull every source's units in parallel; returns (failed replica ids, errors). Through the
         client's pull fault hook when one is set (`HubClient.set_pull_fault`)."""
         if self._pull_fault is not None:
             return self._pull_fault(sources, dest, lambda srcs: self._pull(srcs, dest, per_source, used, on_unit))
         return self._pull(sources, dest, per_source, used, on_unit)
 
-    def _pull(self, sources: list[dict], dest: LocalReplica, per_source: dict, used: dict, on_unit=None):
+    def _pull(self, sources: list[Source], dest: LocalReplica, per_source: dict, used: dict, on_unit=None):
         failed: list[str] = []
         errors: list[BaseException] = []
         report = threading.Lock()
 
         def pull(src: dict) -> None:
-            units = [u for u in src["units"] if not dest.present[u]]
+            units = [u for u in src.units if not dest.present[u]]
             lock = threading.Lock()
-            per_source.setdefault(src["worker"], 0)
+            per_source.setdefault(src.worker, 0)
 
             def landed(u: int) -> None:  # count units as they verify, so a failed source's part counts
                 with lock:
-                    per_source[src["worker"]] += dest.manifest.units[u].nbytes
+                    per_source[src.worker] += dest.manifest.units[u].nbytes
                 if on_unit is not None:
                     on_unit(dest.manifest, u)
 
             try:
                 dp = self.cfg.dataplane
-                transport, streams = choose_path(self._endpoint, src["endpoint"], self.cfg.transport, dp.streams,
+                transport, streams = choose_path(self._endpoint, src.endpoint, self.cfg.transport, dp.streams,
                                                  dp.zero_copy_send)
-                used[src["worker"]] = transport.name
-                read_from_source(transport, src["endpoint"], src["ticket"], src["replica"], units, dest,
+                used[src.worker] = transport.name
+                read_from_source(transport, src.endpoint, src.ticket, src.replica, units, dest,
                                  dp.io_timeout_s, on_unit=landed, streams=streams, reader=self._reader_key)
             except BaseException as e:  # noqa: BLE001 - reported to the caller's thread
                 with report:  # failed[i] is the source of errors[i]
-                    failed.append(src["replica"])
+                    failed.append(src.replica)
                     errors.append(e)
 
         threads = [threading.Thread(target=pull, args=(s,), daemon=True) for s in sources[1:]]

@@ -16,6 +16,7 @@ from collections import OrderedDict
 
 from rlsync.hub import errors as E
 from rlsync.hub.model.manifest import Manifest
+from rlsync.hub.protocol.messages import FetchPlan
 from rlsync.hub.model.shard import Shard
 
 
@@ -30,11 +31,11 @@ class ManifestCache:
         with self._lock:
             return {d: m for d, (mo, sk, m) in self._by_digest.items() if mo == model and sk == shard.key}
 
-    def take(self, plan: dict, have: dict[str, Manifest], model: str, shard: Shard) -> Manifest:
+    def take(self, plan: FetchPlan, have: dict[str, Manifest], model: str, shard: Shard) -> Manifest:
         """The plan's manifest: decoded from the reply (and cached under its digest) or the cached one."""
-        digest = plan.get("manifest_digest")
-        if "manifest" in plan:
-            m = Manifest.from_wire(plan["manifest"])
+        digest = plan.manifest_digest
+        if plan.manifest is not None:
+            m = Manifest.from_wire(plan.manifest)
             if isinstance(digest, str):
                 with self._lock:
                     self._by_digest[digest] = (model, shard.key, m)

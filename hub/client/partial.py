@@ -26,6 +26,7 @@ from rlsync.hub.model.replica_id import ReplicaId
 from rlsync.hub.model.shard import Shard
 from rlsync.hub.dataplane.store import LocalReplica
 from rlsync.hub.protocol.args import check_coords
+from rlsync.hub.protocol.messages import FetchPlan, Source
 
 
 @dataclass(slots=True)
@@ -44,12 +45,12 @@ def fetch_units(hub, model: str, version: int | str, shard: Shard, into: dict[st
     check_coords("fetch", model, version, shard)
     spec = [[n, dtype_name(t.dtype), list(t.shape)] for n, t in into.items()]
     have = hub._manifests.have(model, shard)
-    plan = hub._call("fetch", wid=wid, model=model, version=version, shard=shard.to_wire(), group=None,
-                     into_spec=spec, have_manifests=list(have))
-    if plan.get("held"):  # held here in full: copy what is asked from it
-        res = hub.fetch(model, plan["version"], into=into, shard=shard)
+    plan = FetchPlan.from_wire(hub._call("fetch", wid=wid, model=model, version=version, shard=shard.to_wire(),
+                                         group=None, into_spec=spec, have_manifests=list(have)))
+    if plan.held:  # held here in full: copy what is asked from it
+        res = hub.fetch(model, plan.version, into=into, shard=shard)
         return PartialResult(res.version, list(range(len(res.manifest.units))), {}, res.manifest)
-    fid, ver = plan["fetch_id"], plan["version"]
+    fid, ver = plan.fetch_id, plan.version
     relay, stub = ReplicaId(wid, model, ver, shard.key).wire, None
     try:
         manifest = hub._manifests.take(plan, have, model, shard)
@@ -70,7 +71,7 @@ def fetch_units(hub, model: str, version: int | str, shard: Shard, into: dict[st
         wanted = set(units)
         dest.present = [u not in wanted for u in range(len(manifest.units))]
         per_source: dict[str, int] = {}
-        sources, attempts = plan["sources"], 0
+        sources, attempts = plan.sources, 0
         while True:
             failed, errors = hub._pull_all(sources, dest, per_source, {})
             missing = [u for u in units if not dest.present[u]]
@@ -80,7 +81,7 @@ def fetch_units(hub, model: str, version: int | str, shard: Shard, into: dict[st
             if attempts > hub.cfg.replan_attempts or not failed or \
                     any(not isinstance(e, (E.TransferError, E.TicketError, E.ProtocolError)) for e in errors):
                 raise errors[0] if errors else E.ProtocolError("fetch plan did not cover every wanted unit")
-            sources = hub._call("replan", wid=wid, fetch_id=fid, failed=failed, units=missing)["sources"]
+            sources = Source.list_from_wire(hub._call("replan", wid=wid, fetch_id=fid, failed=failed, units=missing))
     finally:
         hub._fetch_done(fid, ok=False)  # not a full replica: the hub drops the relay it advertised
         if stub is not None and hub.store.get(relay) is stub:

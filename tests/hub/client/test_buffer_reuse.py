@@ -130,6 +130,7 @@ def test_an_aborted_relay_is_drained_before_its_buffers_are_reused(hub, make_cli
     """A fetch aborts while a downstream reader still reads its present units; the caller reuses
     `into` at once (as a retry does). The downstream reader must never see those bytes change
     (before the fix: 'failed its checksum' at the downstream reader, then a re-plan)."""
+    import dataclasses
     import threading
 
     from rlsync.hub.dataplane.config import DataPlaneConfig
@@ -143,7 +144,7 @@ def test_an_aborted_relay_is_drained_before_its_buffers_are_reused(hub, make_cli
 
     def fails_after_four_units(sources, dest, pull):
         wait_for(lambda: dest.readers > 0, 30, fail=False, every_s=0.01)  # the downstream reader is on us
-        pull([dict(s, units=s["units"][:4]) for s in sources])
+        pull([dataclasses.replace(s, units=s.units[:4]) for s in sources])
         return [], [E.BufferMismatchError("injected: a fatal error after four units")]
 
     relay.set_pull_fault(fails_after_four_units)

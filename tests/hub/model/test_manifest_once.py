@@ -68,11 +68,12 @@ def test_the_client_cache_is_bounded_and_refuses_a_manifest_it_was_not_sent():
     from rlsync.hub.client.manifests import ManifestCache
     from rlsync.hub.model.manifest import ManifestConfig, build_manifest
     from rlsync.hub.model.shard import Shard
+    from rlsync.hub.protocol.messages import FetchPlan
 
     m = build_manifest({"w": torch.arange(8, dtype=torch.float32)}, ManifestConfig())
     cache = ManifestCache(size=2)
     for i in range(3):
-        cache.take({"manifest": m.to_wire(), "manifest_digest": f"{i:02x}"}, {}, "p", Shard())
+        cache.take(FetchPlan("f", 1, False, (), m.to_wire(), f"{i:02x}"), {}, "p", Shard())
     assert sorted(cache.have("p", Shard())) == ["01", "02"] and cache.have("q", Shard()) == {}
     with pytest.raises(E.ProtocolError, match="did not say it has"):
-        cache.take({"manifest_digest": "00"}, cache.have("p", Shard()), "p", Shard())
+        cache.take(FetchPlan("f", 1, False, (), None, "00"), cache.have("p", Shard()), "p", Shard())
