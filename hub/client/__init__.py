@@ -14,45 +14,54 @@ dtypes of `into` must match the version's manifest exactly.
 Mutability contract: tensors you published, or fetched into, must not change until `release`
 returns. `fetch(into=...)` releases any replica that lives in those same buffers first.
 
-One class, split by protocol into mixins (one file each; they share the attributes set here):
-    client_session.py  Session     join / leave / heartbeat / re-join, the control-RPC wrapper `_call`
-    client_publish.py  Publishing  publish, release (re-register, offload-seed)
-    client_fetch.py    Fetching    fetch: plan, relay, parallel data-plane pulls, re-plan; `FetchResult`
-    client_delta.py    DeltaSync   publish_delta, fetch_delta (a chain of deltas onto the held version)
-Mixins rather than composed helpers: the protocols share one replica store, one held-replica table
-and one re-join lock, and callers use `HubClient` methods directly.
+One facade over parts that each hold only what they need (etcd's client/v3 shape):
+    replicas.py  Replicas   the local replica book: the data-plane store + what the hub was told of it
+    session.py   Session    join / leave / heartbeat / re-join, the control channel and `call`
+    publish.py   Publisher  publish, publish_async, release (re-register, offload-seed), hand-off on leave
+    fetch.py     Fetcher    fetch: plan, relay, parallel data-plane pulls, re-plan; `FetchResult`
+    deltas.py    Deltas     publish_delta, fetch_delta (a chain of deltas onto the held version), adopt
+    partial.py   fetch_units: some units of a shard (resharding reads)
+Each part names the others it calls in its constructor: the circle of mixins calling one another
+through `self` is gone. Callers use the `HubClient` methods; the parts are attributes for tools and
+tests (`client.session.rpc`, `client.replicas.held`).
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
-import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Callable
 
+import torch
+
 from rlsync.hub import errors as E
-from rlsync.hub.dataplane.config import DataPlaneConfig
 from rlsync.hub.client.config import ClientConfig
-from rlsync.hub.client.deltas import DeltaSync
-from rlsync.hub.client.fetch import FetchResult, Fetching
-from rlsync.hub.client.manifests import ManifestCache
-from rlsync.hub.client.publish import Publishing
+from rlsync.hub.client.deltas import Deltas
+from rlsync.hub.client.fetch import FetchResult, Fetcher
+from rlsync.hub.client.partial import PartialResult, fetch_units
+from rlsync.hub.client.publish import Publisher
+from rlsync.hub.client.replicas import Replicas
 from rlsync.hub.client.session import Session
-from rlsync.hub.dataplane.transfer import DataServer
-from rlsync.hub.model.location import Location
-from rlsync.hub.model.replica_id import ReplicaId
-from rlsync.hub.protocol.rpc import RpcChannel, read_token
-from rlsync.hub.model.shard import Shard
 from rlsync.hub.dataplane.store import ReplicaStore
-from rlsync.hub.protocol.tickets import ReaderKey
+from rlsync.hub.model.location import Location
+from rlsync.hub.model.manifest import Manifest, ManifestConfig
+from rlsync.hub.model.replica_id import ReplicaId
+from rlsync.hub.model.shard import Shard
 from rlsync.hub.protocol.args import check_args
+from rlsync.hub.protocol.rpc import read_token
 
 __all__ = ["ClientConfig", "FetchResult", "HubClient", "ReplicaId"]
 
 log = logging.getLogger(__name__)
 
 
-class HubClient(Session, Publishing, Fetching, DeltaSync):
+def _doc(part_method):
+    """The facade's method carries the part's docstring (help(HubClient.fetch) reads the real one)."""
+    return functools.wraps(part_method, assigned=("__doc__",), updated=())
+
+
+class HubClient:
     def __init__(self, address: str, token: str | None = None, *, token_file: str | None = None,
                  config: ClientConfig | None = None,
                  on_fetch: Callable[[FetchResult], None] | None = None) -> None:
@@ -66,62 +75,136 @@ class HubClient(Session, Publishing, Fetching, DeltaSync):
             raise E.InvalidArgumentError("token must be a str and config a ClientConfig")
         self.address, self.cfg = address, config or ClientConfig()
         self.on_fetch = on_fetch
-        self._token = token
-        self._rpc = RpcChannel(address, token, self.cfg.rpc_timeout_s, self.cfg.hub_deadline_s)
-        self.store = ReplicaStore()
-        self._held: dict[str, tuple[str, int, Shard, str]] = {}
-        self._manifests = ManifestCache()
-        """Manifests this client was sent in fetch plans: a fetch says it has them, the hub omits them."""
-        self._published: set[str] = set()
-        """Live replicas this worker published (their re-registration after a hub restart says origin)."""
-        self._data: DataServer | None = None
-        self.worker_id: str | None = None
-        self.location: Location | None = None
-        self._endpoint: dict = {}
-        self._hb_stop = threading.Event()
-        self._hb: threading.Thread | None = None
-        self._name, self._role, self._follow = "worker", "worker", False
-        self._rejoin_lock = threading.Lock()
-        self._joins = 0  # completed re-joins: a thread that saw NotJoined before the last one skips its own
-        self.rejoined_at: float | None = None
+        self.replicas = Replicas()
+        self.session = Session(address, token, self.cfg, self.replicas)
+        self.publisher = Publisher(self.session, self.replicas, self.cfg)
+        self.fetcher = Fetcher(self.session, self.replicas, self.publisher, self.cfg, self._fetched)
+        self.deltas = Deltas(self.session, self.replicas, self.fetcher, self.publisher, self.cfg)
+        self.session.on_task = lambda model, version, shard: self.fetcher.fetch(model, version, shard=shard)
+
+    def _fetched(self, result: FetchResult) -> None:
+        if self.on_fetch is not None:
+            self.on_fetch(result)
+
+    # ------------------------------------------------------------------ identity
+    @property
+    def worker_id(self) -> str | None:
+        """This worker's hub id once joined (None before join and after leave)."""
+        return self.session.worker_id
+
+    @property
+    def location(self) -> Location | None:
+        return self.session.location
+
+    @property
+    def rejoined_at(self) -> float | None:
         """When the last re-join (with its re-registrations) finished (time.monotonic())."""
-        self._releasing: set[str] = set()
-        """Replicas whose release is under way: a re-join does not re-register them (the release
-        re-registers one itself if the new hub has not heard of it, so retention still decides)."""
-        self._seeding: set[tuple] = set()
-        self._pending_pub: dict[str, Future] = {}
-        """Publishes in flight (`publish_async`), by replica id: release and leave wait for them."""
-        self._pub_pool: ThreadPoolExecutor | None = None
-        self._delta_snap: dict = {}  # (model, shard key) -> the publisher's copy of its last version (client_delta.py)
-        self._delta_scratch: dict = {}  # (model, shard key) -> a reader's decode buffer, reused (client_delta.py)
-        self._copies: dict = {}
-        """(model, shard key) -> (version, manifest, data pointers) of the last private copy a fetch of a
-        version already held made into other buffers: `fetch_delta` into them starts from it."""
-        self._reader_key = ReaderKey()  # proves to sources that this client is its tickets' reader
-        self._pull_fault: Callable | None = None  # fault injection on the data plane (set_pull_fault)
+        return self.session.rejoined_at
+
+    @property
+    def store(self) -> ReplicaStore:
+        """The bytes this worker's data-plane server serves (read-only use: tools and tests)."""
+        return self.replicas.store
 
     @property
     def token(self) -> str:
         """The credential this client presents: what another process of the same worker (a TP engine's
         ranks) joins with. Read-only: a client's credential does not change."""
-        return self._token
+        return self.session.token
+
+    # ------------------------------------------------------------------ membership
+    @_doc(Session.join)
+    def join(self, location: Location | None = None, name: str = "worker", *, role: str = "worker",
+             follow: bool = False) -> str:
+        return self.session.join(location, name, role=role, follow=follow)
+
+    def leave(self, deadline_s: float | None = 0.0) -> None:
+        """Leave the hub: stop serving and drop every replica held here.
+
+        With notice (`deadline_s` > 0, e.g. a spot preemption warning), retention runs first: each
+        replica that is the last full copy of a retained version is handed off — to a reader already
+        fetching it, or to a seed worker the hub picks — before this worker goes, within the
+        deadline. Without notice (0) it just goes; a version only it held is then lost.
+        """
+        if self.session.worker_id is not None:
+            self.publisher.drain()  # publishes in flight land (or fail) before the worker goes
+            if deadline_s:
+                self.publisher.handoff_all(deadline_s)
+        self.session.leave()
+
+    def close(self) -> None:
+        self.leave()
+
+    def __enter__(self) -> "HubClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.leave()
+
+    # ------------------------------------------------------------------ publish / release
+    @_doc(Publisher.publish)
+    def publish(self, model: str, version: int, tensors: dict[str, torch.Tensor], shard: Shard = Shard(),
+                manifest_config: ManifestConfig | None = None) -> bool:
+        return self.publisher.publish(model, version, tensors, shard, manifest_config)
+
+    @_doc(Publisher.publish_async)
+    def publish_async(self, model: str, version: int, tensors: dict[str, torch.Tensor], shard: Shard = Shard(),
+                      manifest_config: ManifestConfig | None = None) -> "Future[bool]":
+        return self.publisher.publish_async(model, version, tensors, shard, manifest_config)
+
+    @_doc(Publisher.release)
+    def release(self, model: str, version: int, shard: Shard = Shard()) -> None:
+        self.publisher.release(model, version, shard)
+
+    # ------------------------------------------------------------------ fetch
+    @_doc(Fetcher.fetch)
+    def fetch(self, model: str, version: int | str = "latest", into: dict[str, torch.Tensor] | None = None,
+              shard: Shard = Shard(), group: tuple[str, int] | None = None,
+              on_unit: Callable[[Manifest, int], None] | None = None) -> FetchResult:
+        return self.fetcher.fetch(model, version, into, shard, group, on_unit)
+
+    @_doc(fetch_units)
+    def fetch_units(self, model: str, version: int | str, shard: Shard, into: dict[str, torch.Tensor],
+                    want: Callable[[Manifest], list[int]]) -> PartialResult:
+        return fetch_units(self.fetcher, model, version, shard, into, want)
+
+    # ------------------------------------------------------------------ deltas
+    @_doc(Deltas.publish_delta)
+    def publish_delta(self, model: str, version: int, tensors: dict[str, torch.Tensor], shard: Shard = Shard(),
+                      keep: int = 4) -> dict:
+        return self.deltas.publish_delta(model, version, tensors, shard, keep)
+
+    @_doc(Deltas.publish_fetched_delta)
+    def publish_fetched_delta(self, model: str, version: int, delta: dict[str, torch.Tensor], shard: Shard = Shard(),
+                              keep: int = 4) -> int:
+        return self.deltas.publish_fetched_delta(model, version, delta, shard, keep)
+
+    @_doc(Deltas.fetch_delta)
+    def fetch_delta(self, model: str, version: int | str = "latest", into: dict[str, torch.Tensor] | None = None,
+                    shard: Shard = Shard(), keep: int = 2, fallback: bool = False,
+                    keep_base: bool = False) -> FetchResult:
+        return self.deltas.fetch_delta(model, version, into, shard, keep, fallback, keep_base)
+
+    @_doc(Deltas.adopt)
+    def adopt(self, model: str, version: int, tensors: dict[str, torch.Tensor], shard: Shard = Shard()) -> None:
+        self.deltas.adopt(model, version, tensors, shard)
 
     # ------------------------------------------------------------------ seams for tests and tools
     def observe_rpc(self, fn: Callable[[str, dict, object], None]) -> Callable[[], None]:
         """Call `fn(op, args, result)` after each control call this client's channel made and the hub
         answered (not its heartbeats). Returns a function that stops it."""
-        self._rpc.observers.append(fn)
-        return lambda: self._rpc.observers.remove(fn)
+        self.session.rpc.observers.append(fn)
+        return lambda: self.session.rpc.observers.remove(fn)
 
     def set_pull_fault(self, fn: Callable | None) -> None:
         """Fault injection for tests: every data-plane pull of a fetch goes through
         `fn(sources, dest, pull)`, which may change the sources, call `pull(sources)` (the real pull:
         returns (failed replica ids, errors)) and return (failed, errors) of its own. None: off."""
-        self._pull_fault = fn
+        self.fetcher.pull_fault = fn
 
     # ------------------------------------------------------------------ queries
     def latest(self, model: str) -> int | None:
-        return self._call("latest", model=model)
+        return self.session.call("latest", model=model)
 
     def wait_latest(self, model: str, at_least: int, timeout_s: float = 30.0) -> int | None:
         """`latest(model)` as soon as it is >= `at_least` (the hub parks the reply until that version
@@ -132,21 +215,20 @@ class HubClient(Session, Publishing, Fetching, DeltaSync):
         unreachable is HubUnavailableError after `config.hub_deadline_s`, never a hang."""
         args = check_args("wait_latest", {"model": model, "at_least": at_least, "timeout_s": timeout_s})
         # One try lasts the wait plus an ordinary reply time: a parked reply is not a dead hub.
-        return self._call("wait_latest", attempt_s=args["timeout_s"] + self.cfg.rpc_timeout_s, **args)
+        return self.session.call("wait_latest", attempt_s=args["timeout_s"] + self.cfg.rpc_timeout_s, **args)
 
     def versions(self, model: str) -> dict:
         """{"latest", "committed": every version number committed (ascending), "retained": those the
         retention policy keeps fetchable, "held": those some worker holds a full replica of now}."""
-        return self._call("versions", model=model)
+        return self.session.call("versions", model=model)
 
     def stats(self) -> dict:
-        return self._call("stats")
+        return self.session.call("stats")
 
     def held(self) -> list[str]:
         """Wire ids (`worker:model:version:shard:slot`) of the replicas this worker holds."""
-        return sorted(self._held)
+        return sorted(self.replicas.held)
 
     def held_ids(self) -> list[ReplicaId]:
         """The replicas this worker holds, typed: read `.model`, `.version`, `.slot`; never parse `held()`."""
-        return [ReplicaId(self.worker_id, model, version, shard.key, slot)
-                for model, version, shard, slot in (self._held[rid] for rid in sorted(self._held))]
+        return self.replicas.ids(self.worker_id)

@@ -1,7 +1,9 @@
 """HubClient's delta protocol: publish a version's delta from the previous one, and fetch a version
 as a chain of deltas onto the version a reader holds — bit-exact or a typed failure, never torn.
 
-A mixin of `HubClient` (hub/client/__init__.py); its attributes `_delta_snap`, `_delta_scratch` are declared there.
+The client's delta part: it holds the session, the replica book, the fetch and publish parts it
+builds on, the publisher's copy of the last version it encoded from and a reader's decode buffers;
+the `HubClient` facade (hub/client/__init__.py) delegates to it.
 
     hub.publish("policy", 8, params)
     hub.publish_delta("policy", 8, params)      # encode v8 against this client's copy of v7; publish it
@@ -28,7 +30,12 @@ import torch
 
 from rlsync.hub.delta import codec as D
 from rlsync.hub import errors as E
-from rlsync.hub.client.fetch import FetchResult, _check_tensors
+from rlsync.hub.client.config import ClientConfig
+from rlsync.hub.client.fetch import Fetcher, FetchResult
+from rlsync.hub.client.publish import Publisher
+from rlsync.hub.client.replicas import Replicas
+from rlsync.hub.client.session import Session
+from rlsync.hub.dataplane import device
 from rlsync.hub.delta.plan import delta_base, expand_plan, from_compact_wire, tensor_name
 from rlsync.hub.model.names import delta_model
 from rlsync.hub.model.manifest import Manifest, Unit, allocate, build_manifest, byte_view, dtype_from_name, dtype_name, wire_digest
@@ -50,8 +57,16 @@ class _Snapshot:
     views: list[memoryview]
 
 
-class DeltaSync:
+class Deltas:
     """publish_delta (the publisher encodes) and fetch_delta (the hub chooses full or a delta chain)."""
+
+    def __init__(self, session: Session, replicas: Replicas, fetcher: Fetcher, publisher: Publisher,
+                 cfg: ClientConfig) -> None:
+        self.session, self.replicas, self.fetcher, self.publisher, self.cfg = session, replicas, fetcher, publisher, cfg
+        self.snap: dict = {}
+        """(model, shard key) -> the publisher's copy of its last version (`_Snapshot`)."""
+        self.scratch: dict = {}
+        """(model, shard key) -> a reader's decode buffer, reused."""
 
     def publish_delta(self, model: str, version: int, tensors: dict[str, torch.Tensor], shard: Shard = Shard(),
                       keep: int = 4) -> dict:
@@ -62,15 +77,15 @@ class DeltaSync:
         that sees v finds its delta. The first call (or one after a layout change) publishes nothing
         and only takes the copy. Returns {"base", "delta_bytes", "full_bytes", "encode_s", "copy_s"}
         (base None: no delta published)."""
-        wid = self._need_join()
+        wid = self.session.need_join()
         _check_coords("publish", model, version, shard)
-        _check_tensors(tensors, "tensors")
+        device.check_tensors(tensors, "tensors")
         _check_keep("publish_delta", keep)
-        snap = self._delta_snap.get((model, shard.key))
+        snap = self.snap.get((model, shard.key))
         if snap is not None and version <= snap.version:
             raise E.VersionError(f"publish_delta: {model!r} v{version} is not after v{snap.version}, the last "
                                  "version this client encoded from (versions only grow)")
-        rep = self.store.get(ReplicaId(wid, model, version, shard.key).wire)
+        rep = self.replicas.store.get(ReplicaId(wid, model, version, shard.key).wire)
         if rep is not None and rep.complete:
             if [rep.tensors[s.name].data_ptr() for s in rep.manifest.tensors] != \
                     [tensors[s.name].data_ptr() if s.name in tensors else -1 for s in rep.manifest.tensors]:
@@ -89,14 +104,14 @@ class DeltaSync:
             out["encode_s"] = time.monotonic() - t0
             # Frames are small and get packed (up to ManifestConfig.pack_bytes) like tiny tensors. Packing
             # only up to one chunk (to pipeline through relays) was measured worse here: docs/deltas.md.
-            self.publish(delta_model(model), version, dts, shard)
+            self.publisher.publish(delta_model(model), version, dts, shard)
             out.update(base=snap.version, delta_bytes=sum(len(f) for f in frames))
             self._drop_old_deltas(model, shard, self._old_deltas(model, shard, version, keep))
         t0 = time.monotonic()
         if snap is None or snap.manifest.layout_key() != man.layout_key():
             copy = {s.name: torch.empty_like(tensors[s.name]) for s in man.tensors}
             snap = _Snapshot(version, man, copy, [byte_view(copy[s.name]) for s in man.tensors])
-            self._delta_snap[key] = snap
+            self.snap[key] = snap
         for i, s in enumerate(man.tensors):
             if s.nbytes:
                 snap.views[i][:] = views[i]
@@ -110,10 +125,10 @@ class DeltaSync:
         publisher encoded them) as v's delta on this hub: a federation gateway's `publish_delta`, with
         no copy of the model and no encoding (the hub refuses anything but base<v>.u<i> frames:
         ManifestMismatchError). Publish it before v, as `publish_delta`. Returns its bytes."""
-        self._need_join()
-        _check_tensors(delta, "delta")
+        self.session.need_join()
+        device.check_tensors(delta, "delta")
         _check_keep("publish_fetched_delta", keep)
-        self.publish(delta_model(model), version, delta, shard)
+        self.publisher.publish(delta_model(model), version, delta, shard)
         self._drop_old_deltas(model, shard, self._old_deltas(model, shard, version, keep))
         return sum(t.nbytes for t in delta.values())
 
@@ -130,17 +145,17 @@ class DeltaSync:
         `keep_base`: `into` is never written (it still serves the old version, e.g. a federation
         gateway's copy in its DC); v arrives in new buffers (`result.tensors`), and `result.deltas`
         holds the chain's delta objects {version: tensors} (the gateway publishes them in its DC)."""
-        wid = self._need_join()
+        wid = self.session.need_join()
         _check_coords("fetch", model, version, shard)
         _check_keep("fetch_delta", keep)
         if into is None:
-            return self.fetch(model, version, shard=shard)
-        _check_tensors(into, "into")
-        self._check_destination(into)
+            return self.fetcher.fetch(model, version, shard=shard)
+        device.check_tensors(into, "into")
+        self.replicas.check_destination(into)
         dest = None if keep_base else into  # where a full fetch lands
         base = self._held_in(model, shard, into)
         if base is None or any(t.device.type != "cpu" for t in into.values()):
-            return self.fetch(model, version, into=dest, shard=shard)
+            return self.fetcher.fetch(model, version, into=dest, shard=shard)
         t0 = time.monotonic()
         ph, mark = {}, [t0]
 
@@ -149,10 +164,10 @@ class DeltaSync:
             ph[name], mark[0] = round(now - mark[0], 4), now
 
         spec = [[n, dtype_name(t.dtype), list(t.shape)] for n, t in into.items()]
-        ch = self._call("delta_choose", wid=wid, model=model, version=version, shard=shard.to_wire(),
+        ch = self.session.call("delta_choose", wid=wid, model=model, version=version, shard=shard.to_wire(),
                         base=base.version, into_spec=spec)
         if ch["mode"] != "delta":
-            r = self.fetch(model, ch["version"], into=dest, shard=shard)
+            r = self.fetcher.fetch(model, ch["version"], into=dest, shard=shard)
             r.mode = "held" if ch["mode"] == "held" else "full"
             return r
         lap("choose")
@@ -169,7 +184,7 @@ class DeltaSync:
             if not fallback:
                 raise
             log.warning("delta fetch of %s v%d failed (%s): fetching it in full", model, ch["version"], e)
-            r = self.fetch(model, ch["version"], into=dest, shard=shard)
+            r = self.fetcher.fetch(model, ch["version"], into=dest, shard=shard)
             r.mode = "full"
             return r
         except BaseException:
@@ -182,12 +197,11 @@ class DeltaSync:
             r = FetchResult(ch["version"], result, per_source, used, time.monotonic() - t0, moved, manifest)
             r.mode, r.phases, r.deltas = "delta", ph, deltas
             self._drop_old_deltas(model, shard, left)
-            if self.on_fetch is not None:
-                self.on_fetch(r)
+            self.fetcher.notify(r)
             return r
         # -- every unit of v verified in scratch: now (and only now) the old version in `into` goes
         try:
-            self._release_overlapping(into)
+            self.fetcher.release_overlapping(into)
         except BaseException:
             self._tell_done(done)
             raise
@@ -196,15 +210,14 @@ class DeltaSync:
             if s.nbytes:
                 byte_view(into[s.name])[:] = byte_view(result[s.name])
         lap("apply")
-        self._delta_scratch[(model, shard.key)] = result  # the next delta decodes into warm pages
+        self.scratch[(model, shard.key)] = result  # the next delta decodes into warm pages
         left = self._register_applied(model, ch["version"], shard, manifest, into, done=done, digest=ch["manifest_digest"],
                                       drop=self._old_deltas(model, shard, ch["chain"][-1], keep))
         lap("register")
         r = FetchResult(ch["version"], into, per_source, used, time.monotonic() - t0, moved, manifest)
         r.mode, r.phases = "delta", ph
         self._drop_old_deltas(model, shard, left)  # after the clock: the caller has v
-        if self.on_fetch is not None:
-            self.on_fetch(r)
+        self.fetcher.notify(r)
         return r
 
     # ------------------------------------------------------------------ helpers
@@ -212,13 +225,13 @@ class DeltaSync:
         """The version of `model` held in exactly the `into` buffers, if any: a full replica of this
         client, or the private copy a fetch of a version already held made there (`_copies`), if its
         bytes are still that version's (checked: the caller may have written them since)."""
-        for rid, (m, v, s, slot) in list(self._held.items()):
-            rep = self.store.get(rid)
+        for rid, (m, v, s, slot) in list(self.replicas.held.items()):
+            rep = self.replicas.store.get(rid)
             if m != model or s.key != shard.key or slot != "live" or rep is None or not rep.complete:
                 continue
             if set(rep.tensors) == set(into) and all(rep.tensors[n].data_ptr() == into[n].data_ptr() for n in into):
                 return _Held(v, rep)
-        copy = self._copies.pop((model, shard.key), None)
+        copy = self.replicas.copies.pop((model, shard.key), None)
         if copy is not None and copy[2] == {n: t.data_ptr() for n, t in into.items()} and not copy[1].verify(into):
             return _Held(copy[0], LocalReplica(f"copy:{model}:{copy[0]}", copy[1], dict(into), full=True))
         return None
@@ -233,13 +246,13 @@ class DeltaSync:
                     expand_plan({k: v for k, v in plan.items() if k != "compact_manifest"}, model, chain[0], shard)
                     | {"manifest": from_compact_wire(plan.get("compact_manifest") or {})})
             except E.HubError:
-                self._fetch_done(str(plan.get("fetch_id")), ok=False)  # the hub closes the plan it made
+                self.fetcher.fetch_done(str(plan.get("fetch_id")), ok=False)  # the hub closes the plan it made
                 raise
         got: dict[int, FetchResult | BaseException] = {}
 
         def pull(dv: int) -> None:
             try:
-                got[dv] = self._fetch(delta_model(model), dv, None, shard, _plan=plan if dv == chain[0] else None,
+                got[dv] = self.fetcher.fetch_once(delta_model(model), dv, None, shard, _plan=plan if dv == chain[0] else None,
                                       _done_later=done)
             except BaseException as e:  # noqa: BLE001 - raised below, after every pull ended
                 got[dv] = e
@@ -273,7 +286,7 @@ class DeltaSync:
         shard, taken from the cache while in use, if it fits); v's bytes, every unit verified."""
         if base.manifest.layout_key() != manifest.layout_key():
             raise E.DeltaError("the held version's layout differs from the target's: no delta applies")
-        buf = self._delta_scratch.pop(key, None)
+        buf = self.scratch.pop(key, None)
         if buf is None or [(n, t.dtype, tuple(t.shape)) for n, t in buf.items()] != \
                 [(s.name, dtype_from_name(s.dtype), s.shape) for s in manifest.tensors]:
             buf = allocate(manifest)
@@ -286,14 +299,14 @@ class DeltaSync:
         base `fetch_delta` can build on. Their checksums are computed here (the client's manifest
         config); the hub accepts them only as exactly v's (ManifestMismatchError otherwise; also
         VersionNotFoundError: v forgotten) and then nothing is registered. Host tensors only."""
-        self._need_join()
+        self.session.need_join()
         _check_coords("register", model, version, shard)
-        _check_tensors(tensors, "tensors")
+        device.check_tensors(tensors, "tensors")
         if any(t.device.type != "cpu" for t in tensors.values()):
             raise E.BufferMismatchError("adopt: host tensors only")
         man = build_manifest(tensors, self.cfg.manifest)
-        rid = ReplicaId(self.worker_id, model, version, shard.key).wire
-        rep = self.store.get(rid) if rid in self._held else None
+        rid = ReplicaId(self.session.worker_id, model, version, shard.key).wire
+        rep = self.replicas.store.get(rid) if rid in self.replicas.held else None
         if rep is not None:  # held here already: answered here, and the held replica is left as it is
             if rep.manifest != man:
                 raise E.ManifestMismatchError(f"adopt: these bytes are not {model!r} v{version} {shard.key}'s "
@@ -304,7 +317,7 @@ class DeltaSync:
                                         "other buffers; release it first")
         # Registered first (the hub checks the bytes are v's): a refusal leaves every replica here as it was.
         self._register_applied(model, version, shard, man, dict(tensors), raise_errors=True)
-        self._release_overlapping(tensors, keep=rid)  # these buffers stop being whatever else they were
+        self.fetcher.release_overlapping(tensors, keep=rid)  # these buffers stop being whatever else they were
 
     def _register_applied(self, model: str, ver: int, shard: Shard, manifest: Manifest,
                           into: dict[str, torch.Tensor], raise_errors: bool = False, done: list | None = None,
@@ -314,25 +327,25 @@ class DeltaSync:
         and releases the old delta objects `drop` (versions) that nothing reads or needs any more; the
         manifest itself and each fetch's end otherwise (and whenever `applied` fails). Returns the
         versions of `drop` still held: the caller releases them the usual way (`_drop_old_deltas`)."""
-        rid = ReplicaId(self.worker_id, model, ver, shard.key).wire
-        self.store.add(LocalReplica(rid, manifest, into, full=True))
-        self._held[rid] = (model, ver, shard, "live")
+        rid = ReplicaId(self.session.worker_id, model, ver, shard.key).wire
+        self.replicas.store.add(LocalReplica(rid, manifest, into, full=True))
+        self.replicas.hold(rid, model, ver, shard, "live")
         left = list(drop)
         try:
             if digest is not None:
-                unknown, released = self._call("applied", wid=self.worker_id, model=model, version=ver,
+                unknown, released = self.session.call("applied", wid=self.session.worker_id, model=model, version=ver,
                                                shard=shard.to_wire(), manifest_digest=digest,
                                                done=[d[0] for d in done or ()], release_deltas=left)
                 done = [d for d in done or () if d[0] in set(unknown)]  # the hub forgot them: tell below
                 for dv in released:  # the hub routes no read to them and none is in flight: drop them here
-                    self._released(ReplicaId(self.worker_id, delta_model(model), dv, shard.key).wire)
+                    self.publisher.released(ReplicaId(self.session.worker_id, delta_model(model), dv, shard.key).wire)
                 left = [dv for dv in left if dv not in set(released)]
             else:
-                self._call("register", wid=self.worker_id, model=model, version=ver, shard=shard.to_wire(),
+                self.session.call("register", wid=self.session.worker_id, model=model, version=ver, shard=shard.to_wire(),
                            slot="live", manifest=manifest.to_wire())
         except E.HubError as e:  # e.g. forgotten meanwhile: the bytes are v's, but nobody is routed here
-            self._held.pop(rid, None)
-            self.store.remove(rid)
+            self.replicas.held.pop(rid, None)
+            self.replicas.store.remove(rid)
             if raise_errors:
                 raise
             log.warning("applied %s v%d by delta but could not register it: %s", model, ver, e)
@@ -344,20 +357,20 @@ class DeltaSync:
         """Tell the hub each fetch in `done` ended well (the deferred `fetch_done`s), and forget them."""
         while done:
             fid, rep, model, ver, shard = done.pop()
-            self._fetch_done(fid, ok=True, rep=rep, model=model, version=ver, shard=shard)
+            self.fetcher.fetch_done(fid, ok=True, rep=rep, model=model, version=ver, shard=shard)
 
     def _old_deltas(self, model: str, shard: Shard, newest: int, keep: int) -> list[int]:
         """Versions of the delta objects of (model, shard) held here that are older than the newest
         `keep` (at least 1) up to `newest`."""
         dm = delta_model(model)
-        return sorted(v for m, v, s, slot in list(self._held.values())
+        return sorted(v for m, v, s, slot in list(self.replicas.held.values())
                       if m == dm and s.key == shard.key and slot == "live" and v <= newest - max(1, keep))
 
     def _drop_old_deltas(self, model: str, shard: Shard, versions: list[int]) -> None:
         dm = delta_model(model)
         for v in versions:
             try:
-                self.release(dm, v, shard)
+                self.publisher.release(dm, v, shard)
             except E.HubError as e:
                 log.warning("releasing old delta %s v%d: %s", dm, v, e)
 

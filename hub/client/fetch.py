@@ -1,8 +1,10 @@
-"""HubClient's fetch protocol: ask the hub for a plan, serve the fetch as a relay at once, pull every
+"""The client's fetch part: ask the hub for a plan, serve the fetch as a relay at once, pull every
 source's units in parallel over the data plane (verified per unit), re-plan around failed sources,
 and tell the hub the outcome.
 
-A mixin of `HubClient` (hub/client/__init__.py). `FetchResult` is defined here and re-exported by hub/client/__init__.py.
+It holds the session (control calls, identity, endpoint), the replica book, the manifests the hub
+sent, and the publisher (to release a replica whose buffers a fetch is about to overwrite); the
+`HubClient` facade (hub/client/__init__.py) delegates to it and re-exports `FetchResult`.
 """
 from __future__ import annotations
 
@@ -15,6 +17,11 @@ from typing import Callable
 import torch
 
 from rlsync.hub import errors as E
+from rlsync.hub.client.config import ClientConfig
+from rlsync.hub.client.manifests import ManifestCache
+from rlsync.hub.client.publish import Publisher
+from rlsync.hub.client.replicas import Replicas, buffers, overlaps
+from rlsync.hub.client.session import Session
 from rlsync.hub.dataplane.transfer import read_from_source
 from rlsync.hub.model.manifest import Manifest, allocate, dtype_name
 from rlsync.hub.model.replica_id import ReplicaId
@@ -55,34 +62,18 @@ class FetchResult:
         return self.nbytes * 8 / 1e9 / self.seconds if self.seconds > 0 else 0.0
 
 
-def _check_tensors(tensors: dict, what: str) -> None:
-    if not isinstance(tensors, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
-                                                for k, v in tensors.items()):
-        raise E.BufferMismatchError(f"{what} must be a dict of str -> torch.Tensor")
-    device.check_tensors(tensors, what)  # host tensors; CUDA tensors where CUDA is usable
-
-
-def _span(t: torch.Tensor) -> tuple[int, int]:
-    return t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
-
-
-def _overlaps(xs, ys) -> bool:
-    """Do any of tensors `xs` share bytes with any of tensors `ys`?"""
-    spans = [_span(t) for t in ys if t.numel()]
-    return any(a < e and s < b for t in xs if t.numel() for a, b in [_span(t)] for s, e in spans)
-
-
-def _aliased(tensors: dict[str, torch.Tensor]) -> tuple[str, str] | None:
-    """Two names of `tensors` whose memory overlaps (views of one storage), or None. Sorted sweep."""
-    spans = sorted((t.device.type, t.device.index or 0, *_span(t), name) for name, t in tensors.items() if t.numel())
-    for (d0, i0, _, end, a), (d1, i1, start, _, b) in zip(spans, spans[1:]):
-        if (d0, i0) == (d1, i1) and start < end:
-            return a, b
-    return None
-
-
-class Fetching:
+class Fetcher:
     """Fetch (plan, pull, re-plan, finish), already-held fetches, buffer overlap releases."""
+
+    def __init__(self, session: Session, replicas: Replicas, publisher: Publisher, cfg: ClientConfig,
+                 notify: Callable[[FetchResult], None]) -> None:
+        self.session, self.replicas, self.publisher, self.cfg = session, replicas, publisher, cfg
+        self.notify = notify
+        """Called with every completed fetch's result, after the replica is held (`HubClient(on_fetch=)`)."""
+        self.manifests = ManifestCache()
+        """Manifests this client was sent in fetch plans: a fetch says it has them, the hub omits them."""
+        self.pull_fault: Callable | None = None
+        """Fault injection on the data plane (`HubClient.set_pull_fault`)."""
 
     def fetch(self, model: str, version: int | str = "latest", into: dict[str, torch.Tensor] | None = None,
               shard: Shard = Shard(), group: tuple[str, int] | None = None,
@@ -102,14 +93,14 @@ class Fetching:
         """
         for attempt in range(3):
             try:
-                return self._fetch(model, version, into, shard, group, on_unit)
+                return self.fetch_once(model, version, into, shard, group, on_unit)
             except E.VersionLostError as e:
                 if not getattr(e, "after_plan", False) or version != "latest" or group is not None or attempt == 2:
                     raise
                 log.warning("fetch of %r latest: the version it was planned for was lost (%s); planning again", model, e)
         raise AssertionError("unreachable")
 
-    def _fetch(self, model: str, version: int | str, into: dict[str, torch.Tensor] | None, shard: Shard,
+    def fetch_once(self, model: str, version: int | str, into: dict[str, torch.Tensor] | None, shard: Shard,
                group: tuple[str, int] | None = None, on_unit=None, _plan: FetchPlan | None = None,
                _done_later: list | None = None) -> FetchResult:
         """One fetch, as `fetch` describes (no re-planning of a lost 'latest'). `_plan`: a plan the hub
@@ -117,18 +108,18 @@ class Fetching:
         is not told now but appended here as (fetch id, replica, model, version, shard), for the caller
         to tell with its next call (`fetch_delta`: with the registration of the version it applied,
         `applied`) or by `_fetch_done`."""
-        wid = self._need_join()
+        wid = self.session.need_join()
         _check_coords("fetch", model, version, shard)
         if group is not None:
             check_value("fetch", "group", group)
         spec = None
         if into is not None:
-            _check_tensors(into, "into")
-            self._check_destination(into)
+            device.check_tensors(into, "into")
+            self.replicas.check_destination(into)
             spec = [[n, dtype_name(t.dtype), list(t.shape)] for n, t in into.items()]
         t0 = time.monotonic()
-        have = self._manifests.have(model, shard) if _plan is None else {}  # the hub leaves these out
-        plan = _plan or FetchPlan.from_wire(self._call(
+        have = self.manifests.have(model, shard) if _plan is None else {}  # the hub leaves these out
+        plan = _plan or FetchPlan.from_wire(self.session.call(
             "fetch", wid=wid, model=model, version=version, shard=shard.to_wire(), group=list(group) if group else None,
             into_spec=spec, have_manifests=list(have)))
         fid, ver = plan.fetch_id, plan.version
@@ -136,26 +127,26 @@ class Fetching:
             got = self._already_held(model, ver, shard, into, t0)
             if got is not None:
                 return got
-            have = self._manifests.have(model, shard)
-            plan = FetchPlan.from_wire(self._call("fetch", wid=wid, model=model, version=ver, shard=shard.to_wire(),
+            have = self.manifests.have(model, shard)
+            plan = FetchPlan.from_wire(self.session.call("fetch", wid=wid, model=model, version=ver, shard=shard.to_wire(),
                                                   group=list(group) if group else None, into_spec=spec,
                                                   have_manifests=list(have)))
             fid = plan.fetch_id
             if plan.held:
                 raise E.ProtocolError(f"the hub still lists {model!r} v{ver} {shard.key} as held here")
         rid = ReplicaId(wid, model, ver, shard.key).wire
-        if rid in self._held and self.store.get(rid) is not None:
+        if rid in self.replicas.held and self.replicas.store.get(rid) is not None:
             # The hub planned a transfer of a version this worker holds in full: it lost our record of
             # it (a re-join raced the end of the fetch that got it). Never fetch over it: drop the plan,
             # register the replica again, and answer from it as for any version already held.
-            self._fetch_done(fid, ok=False)
-            self._reregister(rid)
+            self.fetch_done(fid, ok=False)
+            self.publisher.reregister(rid)
             got = self._already_held(model, ver, shard, into, t0)
             if got is not None:
                 return got
             raise E.ProtocolError(f"{model!r} v{ver} {shard.key} is held here but cannot be served from here")
         try:
-            manifest = self._manifests.take(plan, have, model, shard)
+            manifest = self.manifests.take(plan, have, model, shard)
             if into is not None:
                 device.check_into(manifest, into)
             dest_tensors = dict(into) if into is not None else allocate(manifest)
@@ -163,21 +154,21 @@ class Fetching:
             # The hub already advertises this relay: serve it at once (no unit is present yet, so
             # its readers wait on the condition variable), then release whatever version these
             # buffers held before writing into them (the mutability contract).
-            self.store.add(dest)
+            self.replicas.store.add(dest)
             if into is not None:
-                self._release_overlapping(into)
+                self.release_overlapping(into)
         except BaseException as e:
-            if self.store.get(rid) is not None:
-                self.store.get(rid).fail(f"fetch refused: {e}")  # readers planned on the relay stop waiting
-            self.store.remove(rid)
-            self._fetch_done(fid, ok=False)
+            if self.replicas.store.get(rid) is not None:
+                self.replicas.store.get(rid).fail(f"fetch refused: {e}")  # readers planned on the relay stop waiting
+            self.replicas.store.remove(rid)
+            self.fetch_done(fid, ok=False)
             raise
         per_source: dict[str, int] = {}
         used: dict[str, str] = {}
         sources, attempts = plan.sources, 0
         try:
             while True:
-                failed, errors = self._pull_all(sources, dest, per_source, used, on_unit)
+                failed, errors = self.pull_all(sources, dest, per_source, used, on_unit)
                 missing = [u for u in range(len(manifest.units)) if not dest.present[u]]
                 if not missing:
                     break
@@ -192,14 +183,14 @@ class Fetching:
                     try:
                         # Sources whose port refused us are dead (not stalled): the hub drops them at once.
                         gone = [r for r, e in zip(failed, errors) if isinstance(e, E.SourceGoneError)]
-                        sources = Source.list_from_wire(self._call("replan", wid=wid, fetch_id=fid, failed=failed,
+                        sources = Source.list_from_wire(self.session.call("replan", wid=wid, fetch_id=fid, failed=failed,
                                                                    units=missing, **({"gone": gone} if gone else {})))
                     except E.UnknownFetchError:
                         # The hub restarted (or expired us) since it planned this fetch: plan it anew. The
                         # units already here stay; only missing ones are pulled (from whoever holds them now).
-                        plan = FetchPlan.from_wire(self._call(
+                        plan = FetchPlan.from_wire(self.session.call(
                             "fetch", wid=wid, model=model, version=ver, shard=shard.to_wire(), group=None,
-                            into_spec=spec, have_manifests=list(self._manifests.have(model, shard))))
+                            into_spec=spec, have_manifests=list(self.manifests.have(model, shard))))
                         if plan.held:
                             raise E.ProtocolError(f"the hub lists {model!r} v{ver} {shard.key} as held here "
                                                   "while this worker is still fetching it") from None
@@ -211,15 +202,14 @@ class Fetching:
         except Exception as e:  # a bug, not a peer: still fail the relay so its readers do not wait
             log.exception("fetch %s failed unexpectedly", fid)
             self._abort_fetch(dest, fid, e)
-        self._held[rid] = (model, ver, shard, "live")  # first: a re-join from now on registers it
+        self.replicas.hold(rid, model, ver, shard, "live")  # first: a re-join from now on registers it
         if _done_later is not None:
             _done_later.append((fid, dest, model, ver, shard))
         else:
-            self._fetch_done(fid, ok=True, rep=dest, model=model, version=ver, shard=shard)
+            self.fetch_done(fid, ok=True, rep=dest, model=model, version=ver, shard=shard)
         secs = time.monotonic() - t0
         result = FetchResult(ver, dest_tensors, per_source, used, secs, manifest.nbytes, manifest)
-        if self.on_fetch is not None:
-            self.on_fetch(result)
+        self.notify(result)
         return result
 
     def _already_held(self, model: str, ver: int, shard: Shard, into, t0: float) -> FetchResult | None:
@@ -230,25 +220,25 @@ class Fetching:
         are about to hold `ver`, so neither this client nor the hub may keep them as another version.
         Returns None if the hub's record is stale (we hold no such replica here): the caller re-plans.
         """
-        rid = ReplicaId(self.worker_id, model, ver, shard.key).wire
-        rep = self.store.get(rid)
-        if rep is None or rid not in self._held:
+        rid = ReplicaId(self.session.worker_id, model, ver, shard.key).wire
+        rep = self.replicas.store.get(rid)
+        if rep is None or rid not in self.replicas.held:
             self._forget_stale(model, ver, shard)
             return None
-        held = getattr(rep, "device_tensors", rep.tensors)
+        held = buffers(rep)
         if into is None:
             out = held
         else:
             same = all(t.data_ptr() == held[name].data_ptr() for name, t in into.items())
             if not same:
-                if _overlaps(held.values(), into.values()):
+                if overlaps(held.values(), into.values()):
                     raise E.BufferMismatchError(f"into overlaps the buffers that hold {model!r} v{ver} "
                                                 "without being them: pass those buffers or separate memory")
-                self._release_overlapping(into)
+                self.release_overlapping(into)
                 for name, t in into.items():
                     t.copy_(held[name])
                 # not a replica (one per version per worker), but `fetch_delta` may start from it
-                self._copies[(model, shard.key)] = (ver, rep.manifest, {n: t.data_ptr() for n, t in into.items()})
+                self.replicas.copies[(model, shard.key)] = (ver, rep.manifest, {n: t.data_ptr() for n, t in into.items()})
             out = dict(into)
         return FetchResult(ver, out, {}, {}, time.monotonic() - t0, 0, rep.manifest)
 
@@ -257,16 +247,16 @@ class Fetching:
         log.warning("hub listed %s v%d %s as held here, but it is not: releasing the stale record",
                     model, version, shard.key)
         try:
-            self._call("release", wid=self.worker_id, model=model, version=version,
+            self.session.call("release", wid=self.session.worker_id, model=model, version=version,
                        shard=shard.to_wire(), slot="live")
         except E.NotAReplicaError:
             pass
 
-    def _pull_all(self, sources: list[Source], dest: LocalReplica, per_source: dict, used: dict, on_unit=None):
+    def pull_all(self, sources: list[Source], dest: LocalReplica, per_source: dict, used: dict, on_unit=None):
         """Pull every source's units in parallel; returns (failed replica ids, errors). Through the
         client's pull fault hook when one is set (`HubClient.set_pull_fault`)."""
-        if self._pull_fault is not None:
-            return self._pull_fault(sources, dest, lambda srcs: self._pull(srcs, dest, per_source, used, on_unit))
+        if self.pull_fault is not None:
+            return self.pull_fault(sources, dest, lambda srcs: self._pull(srcs, dest, per_source, used, on_unit))
         return self._pull(sources, dest, per_source, used, on_unit)
 
     def _pull(self, sources: list[Source], dest: LocalReplica, per_source: dict, used: dict, on_unit=None):
@@ -287,11 +277,11 @@ class Fetching:
 
             try:
                 dp = self.cfg.dataplane
-                transport, streams = choose_path(self._endpoint, src.endpoint, self.cfg.transport, dp.streams,
+                transport, streams = choose_path(self.session.endpoint, src.endpoint, self.cfg.transport, dp.streams,
                                                  dp.zero_copy_send)
                 used[src.worker] = transport.name
                 read_from_source(transport, src.endpoint, src.ticket, src.replica, units, dest,
-                                 dp.io_timeout_s, on_unit=landed, streams=streams, reader=self._reader_key)
+                                 dp.io_timeout_s, on_unit=landed, streams=streams, reader=self.session.reader_key)
             except BaseException as e:  # noqa: BLE001 - reported to the caller's thread
                 with report:  # failed[i] is the source of errors[i]
                     failed.append(src.replica)
@@ -308,8 +298,8 @@ class Fetching:
 
     def _abort_fetch(self, dest: LocalReplica, fid: str, err: BaseException):
         dest.fail(str(err))  # downstream readers of this relay stop waiting and re-plan
-        self.store.remove(dest.id)
-        self._fetch_done(fid, ok=False)
+        self.replicas.store.remove(dest.id)
+        self.fetch_done(fid, ok=False)
         # Downstream readers may still be reading units that were present. The caller may reuse
         # `into` at once (a retry): its bytes must not change under those reads (mutability contract).
         if not dest.wait_drained(self.cfg.dataplane.io_timeout_s):
@@ -319,43 +309,22 @@ class Fetching:
         err.after_plan = True  # the version was resolved and planned: a 'latest' fetch may resolve it again
         raise err
 
-    def _fetch_done(self, fid: str, ok: bool, rep: LocalReplica | None = None, model: str = "",
+    def fetch_done(self, fid: str, ok: bool, rep: LocalReplica | None = None, model: str = "",
                     version: int = 0, shard: Shard = Shard()) -> None:
         try:
-            self._call("fetch_done", wid=self.worker_id, fetch_id=fid, ok=ok)
+            self.session.call("fetch_done", wid=self.session.worker_id, fetch_id=fid, ok=ok)
         except E.ProtocolError:
             if ok and rep is not None:
                 # The hub restarted while we fetched (it forgot the fetch): announce the replica.
                 try:
-                    self._call("register", wid=self.worker_id, model=model, version=version,
+                    self.session.call("register", wid=self.session.worker_id, model=model, version=version,
                                    shard=shard.to_wire(), slot="live", manifest=rep.manifest.to_wire())
                 except E.HubError as e:
                     log.warning("register after fetch %s failed: %s", fid, e)
         except E.HubError as e:
             log.warning("fetch_done(%s) failed: %s", fid, e)
 
-    def _check_destination(self, into: dict[str, torch.Tensor], what: str = "into") -> None:
-        """Refuse, before anything moves, destination buffers that cannot take a version: two of them
-        sharing memory (one would end up holding the other's bytes, and be served so), or memory of a
-        replica here that cannot be released first (a fetch still receiving into it, an offload seed).
-        A full live replica in those buffers is fine: it is released first (the mutability contract)."""
-        pair = _aliased(into)
-        if pair is not None:
-            raise E.BufferMismatchError(f"{what}: tensors {pair[0]!r} and {pair[1]!r} overlap in memory; each "
-                                        "destination tensor needs bytes of its own")
-        for rep in self.store.all():
-            entry = self._held.get(rep.id)
-            if entry is not None and entry[3] == "live" and rep.complete:
-                continue
-            if _overlaps(getattr(rep, "device_tensors", rep.tensors).values(), into.values()):
-                raise E.BufferMismatchError(f"{what} overlaps the buffers of replica {rep.id}, which this worker is "
-                                            "still receiving or keeps as a seed: use other memory")
-
-    def _release_overlapping(self, into: dict[str, torch.Tensor], keep: str | None = None) -> None:
+    def release_overlapping(self, into: dict[str, torch.Tensor], keep: str | None = None) -> None:
         """Release every full live replica held here whose buffers share memory with `into` (but `keep`)."""
-        for rid, (_, _, _, slot) in list(self._held.items()):
-            rep = self.store.get(rid)
-            if slot != "live" or rep is None or rid == keep:
-                continue
-            if _overlaps(getattr(rep, "device_tensors", rep.tensors).values(), into.values()):
-                self._release(rid)
+        for rid in self.replicas.live_overlapping(into, keep):
+            self.publisher.release_replica(rid)

@@ -1,6 +1,6 @@
 """A partial fetch: only some transfer units of a shard, each verified against its own checksum.
 
-    res = fetch_units(hub, "policy", "latest", Shard(tp=0, tp_size=2), into, want)
+    res = hub.fetch_units("policy", "latest", Shard(tp=0, tp_size=2), into, want)   # HubClient delegates here
 
 `want(manifest)` names the units the reader needs (e.g. those overlapping its TP slice's byte ranges:
 hub/reshard/read.py); only those move, from the sources the hub plans, verified unit by unit as in a
@@ -16,7 +16,7 @@ reader the hub planned on it is refused at once and re-plans. A shard this worke
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -28,6 +28,9 @@ from rlsync.hub.dataplane.store import LocalReplica
 from rlsync.hub.protocol.args import check_coords
 from rlsync.hub.protocol.messages import FetchPlan, Source
 
+if TYPE_CHECKING:
+    from rlsync.hub.client.fetch import Fetcher
+
 
 @dataclass(slots=True)
 class PartialResult:
@@ -38,30 +41,31 @@ class PartialResult:
     manifest: Manifest
 
 
-def fetch_units(hub, model: str, version: int | str, shard: Shard, into: dict[str, torch.Tensor],
+def fetch_units(f: "Fetcher", model: str, version: int | str, shard: Shard, into: dict[str, torch.Tensor],
                 want: Callable[[Manifest], list[int]]) -> PartialResult:
-    """Fetch the units `want(manifest)` of (model, version, shard) into `into` (shaped like the shard)."""
-    wid = hub._need_join()
+    """Fetch the units `want(manifest)` of (model, version, shard) into `into` (shaped like the shard), with
+    the client's fetch part `f` (its session, replica book and manifests)."""
+    wid = f.session.need_join()
     check_coords("fetch", model, version, shard)
     spec = [[n, dtype_name(t.dtype), list(t.shape)] for n, t in into.items()]
-    have = hub._manifests.have(model, shard)
-    plan = FetchPlan.from_wire(hub._call("fetch", wid=wid, model=model, version=version, shard=shard.to_wire(),
+    have = f.manifests.have(model, shard)
+    plan = FetchPlan.from_wire(f.session.call("fetch", wid=wid, model=model, version=version, shard=shard.to_wire(),
                                          group=None, into_spec=spec, have_manifests=list(have)))
     if plan.held:  # held here in full: copy what is asked from it
-        res = hub.fetch(model, plan.version, into=into, shard=shard)
+        res = f.fetch(model, plan.version, into=into, shard=shard)
         return PartialResult(res.version, list(range(len(res.manifest.units))), {}, res.manifest)
     fid, ver = plan.fetch_id, plan.version
     relay, stub = ReplicaId(wid, model, ver, shard.key).wire, None
     try:
-        manifest = hub._manifests.take(plan, have, model, shard)
+        manifest = f.manifests.take(plan, have, model, shard)
         manifest.check_buffers(into)
-        if hub.store.get(relay) is None:
+        if f.replicas.store.get(relay) is None:
             # The hub advertised this fetch as a relay while planning. Serve it as a failed one until
             # the fetch ends, so a reader planned on it is refused at once and re-plans (else it waits
             # `register_wait_s`, 5 s, for a relay that never registers: seen in docs/vllm.md).
             stub = LocalReplica(relay, manifest, dict(into), full=False)
             stub.fail("a partial reader holds part of the shard: it is not a relay")
-            hub.store.add(stub)
+            f.replicas.store.add(stub)
         units = sorted(set(want(manifest)))
         if any(not isinstance(u, int) or not 0 <= u < len(manifest.units) for u in units):
             raise E.ProtocolError(f"want named units outside [0, {len(manifest.units)})")
@@ -73,17 +77,17 @@ def fetch_units(hub, model: str, version: int | str, shard: Shard, into: dict[st
         per_source: dict[str, int] = {}
         sources, attempts = plan.sources, 0
         while True:
-            failed, errors = hub._pull_all(sources, dest, per_source, {})
+            failed, errors = f.pull_all(sources, dest, per_source, {})
             missing = [u for u in units if not dest.present[u]]
             if not missing:
                 break
             attempts += 1
-            if attempts > hub.cfg.replan_attempts or not failed or \
+            if attempts > f.cfg.replan_attempts or not failed or \
                     any(not isinstance(e, (E.TransferError, E.TicketError, E.ProtocolError)) for e in errors):
                 raise errors[0] if errors else E.ProtocolError("fetch plan did not cover every wanted unit")
-            sources = Source.list_from_wire(hub._call("replan", wid=wid, fetch_id=fid, failed=failed, units=missing))
+            sources = Source.list_from_wire(f.session.call("replan", wid=wid, fetch_id=fid, failed=failed, units=missing))
     finally:
-        hub._fetch_done(fid, ok=False)  # not a full replica: the hub drops the relay it advertised
-        if stub is not None and hub.store.get(relay) is stub:
-            hub.store.remove(relay)  # remembered as gone: a late reader is answered at once
+        f.fetch_done(fid, ok=False)  # not a full replica: the hub drops the relay it advertised
+        if stub is not None and f.replicas.store.get(relay) is stub:
+            f.replicas.store.remove(relay)  # remembered as gone: a late reader is answered at once
     return PartialResult(ver, units, per_source, manifest)

@@ -46,7 +46,11 @@ def unavailable_reason() -> str | None:
 
 
 def check_tensors(tensors: dict[str, torch.Tensor], what: str) -> None:
-    """The client's tensor checks, with CUDA tensors allowed where CUDA is usable."""
+    """The client's tensor checks: a dict of str -> contiguous host tensors, CUDA tensors allowed where
+    CUDA is usable."""
+    if not isinstance(tensors, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                                for k, v in tensors.items()):
+        raise BufferMismatchError(f"{what} must be a dict of str -> torch.Tensor")
     why = None
     for k, v in tensors.items():
         if v.device.type == "cuda":

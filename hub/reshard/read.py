@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rlsync.hub.client.partial import fetch_units
 from rlsync.hub.errors import BufferMismatchError, LayoutError, ManifestMismatchError, ShardError
 from rlsync.hub.model.manifest import ITEMSIZE, Manifest, ManifestConfig, dtype_from_name, dtype_name
 from rlsync.hub.reshard.layout import Dest, ShardedLayout, digest_tensor_name, parse_record, plan, record
@@ -124,7 +123,7 @@ class ReshardReader:
         if runs is None:
             res = self.hub.fetch(self.model, version, into=into, shard=shard)
         else:
-            res = fetch_units(self.hub, self.model, version, shard, into, lambda m: _units_for(m, runs))
+            res = self.hub.fetch_units(self.model, version, shard, into, lambda m: _units_for(m, runs))
         for w, n in res.bytes_by_source.items():
             acc[w] = acc.get(w, 0) + n
         if out is not None:

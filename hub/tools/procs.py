@@ -144,12 +144,12 @@ def _worker_main(conn, address: str, token: str, client_cfg) -> None:
                     loop_lock.wait(left)
                 return len(loop["results"])
         if cmd == "joins":  # how many times this client re-joined the hub (restart, expiry)
-            return client._joins
+            return client.session.joins
         if cmd == "wait_rejoin":
             # Block until the client re-joined (and re-registered what it holds) more than `after`
             # times; returns when it finished (time.monotonic(): one clock for every process here).
             end = time.monotonic() + kw.get("within", 60.0)
-            while client._joins <= kw["after"]:
+            while client.session.joins <= kw["after"]:
                 if time.monotonic() > end:
                     return None
                 time.sleep(0.002)  # polls a counter the heartbeat thread bumps; the time comes from it

@@ -33,7 +33,7 @@ def books(hub, c) -> tuple[set, set, set, set]:
             break
         except RuntimeError:  # the hub thread changed the table while we copied it
             continue
-    mine = [(rid, c._held[rid][3]) for rid in list(c._held)
+    mine = [(rid, c.replicas.held[rid][3]) for rid in list(c.replicas.held)
             if (rep := c.store.get(rid)) is not None and rep.complete]
     return ({r for r, s in mine if s == "live"}, {r for r, s in rows if s == "live"},
             {r for r, s in mine if s == "seed"}, {r for r, s in rows if s == "seed"})

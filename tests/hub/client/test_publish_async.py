@@ -49,7 +49,7 @@ def test_bad_input_is_refused_at_the_call_and_changes_nothing(make_client):
         w.publish_async("m", -1, _tensors(4))
     with pytest.raises(E.HubError):
         w.publish_async("m", 1, {"w": torch.zeros(8, 8).t()})  # not contiguous
-    assert w._pending_pub == {} and w.held() == []
+    assert w.publisher.pending == {} and w.held() == []
     with pytest.raises(E.UnknownModelError):
         w.latest("m")  # the hub never heard of it
     t = _tensors(4)
@@ -79,7 +79,7 @@ def test_leave_lets_a_publish_in_flight_land(make_client, hub):
     w.publish_async("m", 7, big)
     w.leave()  # the publish lands (committed), then the worker goes (without notice: its replica with it)
     assert 7 in other.versions("m")["committed"]
-    assert w._pending_pub == {} and w._pub_pool is None
+    assert w.publisher.pending == {} and w.publisher.pool is None
 
 
 def test_native_checksums_match_the_reference_hash():

@@ -111,7 +111,7 @@ def test_reader_missing_two_versions_takes_the_chain(cluster):
     v = tr.step()
     got = r.fetch_delta("policy", into=buf)
     assert got.mode == "delta" and got.version == v and same(buf, tr.snap[v])
-    choice = r._call("delta_choose", wid=r.worker_id, model="policy", version="latest", shard=[0, 0, 1, 1], base=1,
+    choice = r.session.call("delta_choose", wid=r.worker_id, model="policy", version="latest", shard=[0, 0, 1, 1], base=1,
                      explain=True)
     assert choice["chain"] == [2, 3]
     assert got.nbytes == choice["delta_bytes"]
@@ -124,7 +124,7 @@ def test_a_broken_chain_fetches_in_full(cluster):
     tr.step()
     buf = r.fetch("policy").tensors
     tr.step(delta=False)      # v2 has no delta object ...
-    tr.c._delta_snap.clear()  # ... and the publisher lost its copy, so v3's delta starts a new chain
+    tr.c.deltas.snap.clear()  # ... and the publisher lost its copy, so v3's delta starts a new chain
     v = tr.step()
     got = r.fetch_delta("policy", into=buf)
     assert got.mode == "full" and got.version == v and same(buf, tr.snap[v])
@@ -314,7 +314,7 @@ def test_a_following_seed_worker_holds_the_chain_for_a_late_reader(cluster, wait
             v = tr.step()
             wait_until(lambda: ("policy@delta", v) in {(x.model, x.version) for x in seed.held_ids()},
                        what=f"the seed worker following delta v{v}")
-        tr.c._drop_old_deltas("policy", Shard(), tr.c._old_deltas("policy", Shard(), v + 1, keep=1))  # the publisher lets its deltas go
+        tr.c.deltas._drop_old_deltas("policy", Shard(), tr.c.deltas._old_deltas("policy", Shard(), v + 1, keep=1))  # the publisher lets its deltas go
         assert not [x for x in tr.c.held_ids() if x.model == "policy@delta"]
         got = late.fetch_delta("policy", into=buf)
         assert got.mode == "delta" and got.version == v and same(buf, tr.snap[v])
@@ -335,7 +335,6 @@ def test_applied_is_one_round_trip_and_checked_before_it_changes_anything(cluste
     tr.step()
     buf = r.fetch("policy").tensors
     calls = []
-    real_call = r._call
     r.observe_rpc(lambda op, args, out: calls.append(op))
     for _ in range(3):
         v = tr.step()
@@ -350,12 +349,12 @@ def test_applied_is_one_round_trip_and_checked_before_it_changes_anything(cluste
     assert not any(m == delta_model("policy") and ver < v - 1 for m, ver, _ in held)  # old deltas released
     before = (sorted(state.replicas), sorted(state.fetches))
     with pytest.raises(E.ManifestMismatchError):
-        real_call("applied", wid=wid, model="policy", version=v, shard=Shard().to_wire(), manifest_digest="0" * 32,
+        r.session.call("applied", wid=wid, model="policy", version=v, shard=Shard().to_wire(), manifest_digest="0" * 32,
                   done=["f-none"], release_deltas=[v])
     with pytest.raises(E.VersionNotFoundError):
-        real_call("applied", wid=wid, model="policy", version=v + 5, shard=Shard().to_wire(),
+        r.session.call("applied", wid=wid, model="policy", version=v + 5, shard=Shard().to_wire(),
                   manifest_digest="0" * 32, done=[], release_deltas=[])
     assert (sorted(state.replicas), sorted(state.fetches)) == before
     digest = hub.server._manifest_bytes.entry(state.models["policy"].versions[v].manifests[Shard().key])[1]
-    assert real_call("applied", wid=wid, model="policy", version=v, shard=Shard().to_wire(), manifest_digest=digest,
+    assert r.session.call("applied", wid=wid, model="policy", version=v, shard=Shard().to_wire(), manifest_digest=digest,
                      done=["f-none"], release_deltas=[]) == [["f-none"], []]

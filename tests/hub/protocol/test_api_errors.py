@@ -90,7 +90,7 @@ def test_first_contact_with_no_hub_fails_within_one_rpc_timeout():
         c.join(Location(host="x"))
     # The failover deadline (60 s) is for a hub that answered once; this one never did.
     assert time.monotonic() - t0 < 1.0 + 5.0
-    assert c._data is None
+    assert c.session.data is None
     s.close()
 
 

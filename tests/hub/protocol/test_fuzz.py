@@ -217,12 +217,12 @@ def test_fuzzed_data_plane_requests_get_typed_errors(live):
     @given(requests())
     def run(req):
         how, junk, kind, raw = req
-        plan = reader._rpc.call("fetch", wid=reader.worker_id, model="policy", version=1, shard=[0, 0, 1, 1])
-        reader._rpc.call("fetch_done", wid=reader.worker_id, fetch_id=plan["fetch_id"], ok=False)
+        plan = reader.session.rpc.call("fetch", wid=reader.worker_id, model="policy", version=1, shard=[0, 0, 1, 1])
+        reader.session.rpc.call("fetch_done", wid=reader.worker_id, fetch_id=plan["fetch_id"], ok=False)
         src = plan["sources"][0]
         ticket, rid, n_units = src["ticket"], src["replica"], len(plan["manifest"]["u"])
         units = [n_units + 5]  # out of range: a request that passes every other check is still refused
-        key = reader._reader_key
+        key = reader.session.reader_key
         if how == "garbage":
             body = raw
         elif how == "map":

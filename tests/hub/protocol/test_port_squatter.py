@@ -26,7 +26,7 @@ def test_a_client_whose_hub_port_was_squatted_by_another_zmq_socket_rejoins_when
     try:
         holder.join(Location(host="h"))
         holder.publish("policy", 1, {"w": torch.arange(64, dtype=torch.float32)})
-        joins = holder._joins
+        joins = holder.session.joins
         hub.stop()
         squatter = zmq.Context.instance().socket(zmq.PUB)  # another service on the freed port
         squatter.setsockopt(zmq.LINGER, 0)
@@ -34,7 +34,7 @@ def test_a_client_whose_hub_port_was_squatted_by_another_zmq_socket_rejoins_when
         time.sleep(1.5)  # the fault's duration: the holder's sockets retry against it meanwhile
         squatter.close(0)
         hub = start_embedded_hub(**kw)                   # the hub is back at the same address
-        wait_until(lambda: holder._joins > joins, timeout_s=20, what="the holder's re-join")
+        wait_until(lambda: holder.session.joins > joins, timeout_s=20, what="the holder's re-join")
         reader = HubClient(hub.address, hub.token, config=ClientConfig(hub_deadline_s=30.0))
         reader.join(Location(host="r"))
         got = reader.fetch("policy", 1)                  # served by the holder's re-registered copy

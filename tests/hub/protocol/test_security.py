@@ -128,7 +128,7 @@ def planned(hub, make_client):
     trainer = make_client(host="t", name="trainer")
     trainer.publish("policy", 1, W)
     reader = make_client(host="r", name="reader")
-    plan = reader._rpc.call("fetch", wid=reader.worker_id, model="policy", version=1,
+    plan = reader.session.rpc.call("fetch", wid=reader.worker_id, model="policy", version=1,
                             shard=[0, 0, 1, 1], group=None, into_spec=None)
     src = plan["sources"][0]
     assert src["worker"] == trainer.worker_id
@@ -141,7 +141,7 @@ def served(trainer) -> int:
 
 def test_the_reader_named_in_the_ticket_is_served(planned):
     trainer, reader, src = planned
-    body = reader._reader_key.sign_request(src["ticket"], src["replica"], [0])
+    body = reader.session.reader_key.sign_request(src["ticket"], src["replica"], [0])
     assert send(src["endpoint"]["tcp"], body)[0] == 0
 
 
@@ -158,7 +158,7 @@ def test_another_processes_use_of_a_genuine_ticket_is_refused(planned):
 
 def test_a_replayed_request_is_refused_even_after_the_reader_left(planned):
     trainer, reader, src = planned
-    body = reader._reader_key.sign_request(src["ticket"], src["replica"], [0])
+    body = reader.session.reader_key.sign_request(src["ticket"], src["replica"], [0])
     assert send(src["endpoint"]["tcp"], body)[0] == 0
     reader.leave()
     status, code, text = send(src["endpoint"]["tcp"], body)  # the exact bytes, captured off the wire
@@ -168,7 +168,7 @@ def test_a_replayed_request_is_refused_even_after_the_reader_left(planned):
 
 def test_forged_and_expired_tickets_are_refused(hub, planned):
     trainer, reader, src = planned
-    key, rid = reader._reader_key, src["replica"]
+    key, rid = reader.session.reader_key, src["replica"]
     forged = TicketSigner().sign(Ticket("f1", reader.worker_id, key.public_bytes, trainer.worker_id, rid,
                                         time.time() + 60))
     status, code, text = send(src["endpoint"]["tcp"], key.sign_request(forged, rid, [0]))

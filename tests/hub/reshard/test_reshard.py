@@ -174,7 +174,6 @@ def test_a_tp_reader_moves_only_the_units_of_its_ranges(make_client):
 def test_a_reader_planned_on_a_partial_reader_is_refused_and_replans(make_client, caplog):
     """A partial reader is advertised as a relay while the hub plans its fetch; a reader planned on
     it is refused at once (the partial reader serves it as a failed relay) and completes elsewhere."""
-    from rlsync.hub.client.partial import fetch_units
     from rlsync.hub.model.shard import Shard
 
     src = {"w": torch.arange(64, dtype=torch.float32), "b": torch.ones(64)}
@@ -188,7 +187,7 @@ def test_a_reader_planned_on_a_partial_reader_is_refused_and_replans(make_client
         return [0]
 
     into = {n: torch.zeros_like(t) for n, t in src.items()}
-    res = fetch_units(partial, "m", 1, Shard(), into, want)
+    res = partial.fetch_units("m", 1, Shard(), into, want)
     assert seen.pop("exact") and seen.get(partial.worker_id) == 0  # planned on it, served nothing by it
     # refused as a failed relay (at once), not after waiting for a relay that never registers
     assert any("it is not a relay" in r.getMessage() for r in caplog.records if "re-planning" in r.getMessage())

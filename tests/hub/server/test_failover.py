@@ -248,8 +248,8 @@ def test_a_publish_committed_by_a_hub_that_died_before_answering_is_recognised(t
     hub = start_embedded_hub(**kw)
     trainer = HubClient(hub.address, hub.token, config=ClientConfig(hub_deadline_s=30.0))
     trainer.join(Location(host="t"))
-    trainer._hb_stop.set()  # no heartbeat re-join racing the publish: its own call meets 'not joined'
-    trainer._hb.join()
+    trainer.session.stop_heartbeat()  # no heartbeat re-join racing the publish: its own call meets 'not joined'
+    trainer.session.heartbeat_thread.join()
     trainer.publish("policy", 1, {"w": torch.full((256,), 1.0)})
     server, publish = hub.server, hub.server.op_publish
 
@@ -290,10 +290,10 @@ def test_after_a_hub_restart_the_trainers_copy_is_still_kept_while_one_reader_ho
         trainer.publish("policy", 1, {"w": torch.full((256,), 1.0)})
         hub.stop()
         hub = start_embedded_hub(**kw)
-        wait_until(lambda: trainer._joins > 0, what="the trainer's re-join")
+        wait_until(lambda: trainer.session.joins > 0, what="the trainer's re-join")
         assert reader.fetch("policy", 1).version == 1      # one reader holds v1 in full
         trainer.release("policy", 1)
-        assert any(rid.endswith(":seed") for rid in trainer._held)  # the origin's copy stays, in host memory
+        assert any(rid.endswith(":seed") for rid in trainer.replicas.held)  # the origin's copy stays, in host memory
     finally:
         reader.leave()
         trainer.leave()
@@ -333,10 +333,10 @@ def test_a_first_heartbeat_lost_with_the_hub_is_sent_again_at_once(tmp_path):
         client.join(Location(host="w"))
         # The client's own heartbeat thread wakes when the hub is back and would re-join under our id
         # first (the heartbeat under test then succeeds): told to stop, it exits on that wake-up instead.
-        client._hb_stop.set()
+        client.session.stop_heartbeat()
         with ThreadPoolExecutor(1) as ex:
             for _ in range(3):
-                channel = client._heartbeat_channel()  # as the heartbeat thread makes it: never used yet
+                channel = client.session._heartbeat_channel()  # as the heartbeat thread makes it: never used yet
                 os.kill(proc.pid, signal.SIGSTOP)      # the hub receives nothing from here on
                 beat = ex.submit(channel.call, "heartbeat", wid=client.worker_id, attempt_s=30.0)
                 if wait_for(lambda: unread_bytes_at(port) > 0, 5.0, fail=False) is not None:

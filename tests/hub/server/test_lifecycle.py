@@ -95,4 +95,4 @@ def test_failover_deadline_applies_once_a_hub_answered(tmp_path):
     # It kept retrying well past one try (0.3 s), and gave up around its deadline (1.5 s; the last
     # back-off sleep that would overshoot it is skipped).
     assert 1.0 <= time.monotonic() - t0 < 5
-    c._hb_stop.set()
+    c.session.stop_heartbeat()
