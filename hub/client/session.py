@@ -23,7 +23,8 @@ from rlsync.hub.model.location import Location
 from rlsync.hub.protocol.rpc import RpcChannel
 from rlsync.hub.model.shard import Shard
 from rlsync.hub.protocol.tickets import ReaderKey, TicketVerifier
-from rlsync.hub.dataplane.transports import endpoint_info
+from rlsync.hub.dataplane.transports import local_endpoint
+from rlsync.hub.protocol.messages import Endpoint
 
 log = logging.getLogger("rlsync.hub.client")  # one logger for the whole client (log set-up names it)
 
@@ -37,7 +38,8 @@ class Session:
         self.reader_key = ReaderKey()  # proves to sources that this client is its tickets' reader
         self.worker_id: str | None = None
         self.location: Location | None = None
-        self.endpoint: dict = {}
+        self.endpoint: Endpoint | None = None
+        """This worker's data-plane endpoint once joined (with its reader key: sent only to the hub)."""
         self.data: DataServer | None = None
         self.heartbeat_thread: threading.Thread | None = None
         self._hb_stop = threading.Event()
@@ -62,10 +64,9 @@ class Session:
             raise E.InvalidArgumentError(f"location must be a Location, got {type(location).__name__}")
         self.location = location or Location()
         self.data = DataServer(self.replicas.store, self.cfg.dataplane)
-        self.endpoint = {"tcp": self.data.address, "pid": os.getpid(), "host": self.location.host,
-                          "reader_key": self.reader_key.public_bytes, **endpoint_info()}
+        self.endpoint = local_endpoint(self.data.address, os.getpid(), self.location.host, self.reader_key.public_bytes)
         try:
-            r = self.rpc.call("join", name=name, location=self.location.to_wire(), endpoint=self.endpoint,
+            r = self.rpc.call("join", name=name, location=self.location.to_wire(), endpoint=self.endpoint.to_wire(),
                                role=role, follow=follow)
         except Exception:
             self.data.close()
@@ -159,7 +160,7 @@ class Session:
             if self.joins != seen:
                 return
             try:
-                r = rpc.call("join", name=self._name, location=self.location.to_wire(), endpoint=self.endpoint,
+                r = rpc.call("join", name=self._name, location=self.location.to_wire(), endpoint=self.endpoint.to_wire(),
                              worker_id=self.worker_id, role=self._role, follow=self._follow)
             except E.HubError as e:
                 log.warning("re-join failed: %s", e)

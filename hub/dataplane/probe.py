@@ -21,6 +21,8 @@ import sys
 import threading
 import time
 
+from rlsync.hub.protocol.messages import Endpoint
+
 _REPLICA = "probe:live"
 
 
@@ -82,12 +84,12 @@ class ProbeSource:
             raise
         finally:
             watchdog.cancel()
-        self.endpoint = hello["endpoint"]
+        self.endpoint = Endpoint.from_wire(hello["endpoint"])
         self.manifest = Manifest.from_wire(hello["manifest"])
         self.ticket = signer.sign(Ticket("probe", "reader", self.reader.public_bytes, "source", _REPLICA,
                                          time.time() + 24 * 3600))
         self.into = {"weights": torch.zeros(size, dtype=torch.uint8)}  # zeros: pages touched, warm
-        self.mine = {"boot_id": self.endpoint["boot_id"], "host": self.endpoint["host"]}  # a same-host reader
+        self.mine = Endpoint("reader:0", host=self.endpoint.host, boot_id=self.endpoint.boot_id)  # a same-host reader
 
     def read(self, transport, streams: int) -> float:
         """One read of every unit with `transport` (its `zero_copy` set) over `streams`; GB/s."""

@@ -23,6 +23,7 @@ from rlsync.hub.dataplane.wire import ERR, MAGIC, MAX_REQUEST_BYTES, OK, REQ, UN
 from rlsync.hub.model.manifest import unit_checksum
 from rlsync.hub.dataplane.store import LocalReplica, ReplicaStore
 from rlsync.hub.protocol.tickets import ReaderKey, ReplayGuard, TicketVerifier
+from rlsync.hub.protocol.messages import Endpoint
 from rlsync.hub.dataplane.transports.base import Transport, recv_exact, transport_by_kind
 
 log = logging.getLogger(__name__)
@@ -148,7 +149,7 @@ class DataServer:
         return rep, transport, units
 
 
-def read_from_source(transport: Transport, endpoint: dict, ticket: bytes, replica_id: str,
+def read_from_source(transport: Transport, endpoint: Endpoint, ticket: bytes, replica_id: str,
                      units: list[int], dest: LocalReplica, io_timeout_s: float, on_unit=None,
                      streams: int = 1, *, reader: ReaderKey) -> int:
     """Pull `units` of `replica_id` from the server at `endpoint` into `dest`, verifying each.
@@ -183,16 +184,16 @@ def read_from_source(transport: Transport, endpoint: dict, ticket: bytes, replic
     return sum(got)
 
 
-def _read_stream(transport: Transport, endpoint: dict, ticket: bytes, replica_id: str,
+def _read_stream(transport: Transport, endpoint: Endpoint, ticket: bytes, replica_id: str,
                  units: list[int], dest: LocalReplica, io_timeout_s: float, on_unit, reader: ReaderKey) -> int:
-    host, port = endpoint["tcp"].rsplit(":", 1)
+    host, port = endpoint.tcp.rsplit(":", 1)
     nbytes = 0
     try:
         conn = socket.create_connection((host, int(port)), timeout=io_timeout_s)
     except ConnectionRefusedError:
-        raise E.SourceGoneError(f"source {endpoint['tcp']} refused the connection: nobody listens there") from None
+        raise E.SourceGoneError(f"source {endpoint.tcp} refused the connection: nobody listens there") from None
     except OSError as e:
-        raise E.TransferError(f"cannot reach data plane at {endpoint['tcp']}: {e}") from None
+        raise E.TransferError(f"cannot reach data plane at {endpoint.tcp}: {e}") from None
     try:
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         body = reader.sign_request(ticket, replica_id, units, transport.open_request(dest, endpoint))
@@ -209,8 +210,8 @@ def _read_stream(transport: Transport, endpoint: dict, ticket: bytes, replica_id
                 try:
                     code, text = msgpack.unpackb(bytes(payload))
                 except Exception:
-                    raise E.ProtocolError(f"malformed error frame from {endpoint['tcp']}") from None
-                raise E.error_from_code(str(code), f"source {endpoint['tcp']}: {text}")
+                    raise E.ProtocolError(f"malformed error frame from {endpoint.tcp}") from None
+                raise E.error_from_code(str(code), f"source {endpoint.tcp}: {text}")
             unit = dest.manifest.units[u]
             if got != u or status != OK:
                 raise E.ProtocolError(f"expected unit {u}, source sent {got} (status {status})")
@@ -218,19 +219,19 @@ def _read_stream(transport: Transport, endpoint: dict, ticket: bytes, replica_id
             if digest is None:
                 digest = unit_checksum(dest.views, unit)
             if digest != unit.checksum:
-                raise E.ChecksumError(f"unit {u} from {endpoint['tcp']} failed its checksum: discarded")
+                raise E.ChecksumError(f"unit {u} from {endpoint.tcp} failed its checksum: discarded")
             dest.mark_present(u)
             nbytes += unit.nbytes
             if on_unit is not None:
                 on_unit(u)
         transport.finish(conn)
     except (socket.timeout, TimeoutError):
-        raise E.TransferError(f"source {endpoint['tcp']} stalled for {io_timeout_s}s") from None
+        raise E.TransferError(f"source {endpoint.tcp} stalled for {io_timeout_s}s") from None
     except (ConnectionError, OSError) as e:
         if refuses(host, port, tries=4):  # the connection broke and nobody listens there now: the source died
-            raise E.SourceGoneError(f"source {endpoint['tcp']} died mid-transfer ({e}); its port now refuses "
+            raise E.SourceGoneError(f"source {endpoint.tcp} died mid-transfer ({e}); its port now refuses "
                                     "connections") from None
-        raise E.TransferError(f"source {endpoint['tcp']} failed mid-transfer: {e}") from None
+        raise E.TransferError(f"source {endpoint.tcp} failed mid-transfer: {e}") from None
     finally:
         transport.close()
         conn.close()

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rlsync.hub.private_files import make_private_dirs, open_private, write_private_atomic
+from rlsync.hub.protocol.messages import Endpoint
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +68,9 @@ REMOTE_TRANSPORTS = ("tcp", "tcp-py")
 """Transports that cross hosts (shm copies out of a process on the same machine)."""
 
 
-def peer_class(mine: dict, peer: dict) -> str:
+def peer_class(mine: Endpoint, peer: Endpoint) -> str:
     """`same_host` when the two endpoints share a machine boot and host label, else `remote`."""
-    same = mine.get("boot_id") == peer.get("boot_id") != "" and mine.get("host") == peer.get("host")
-    return SAME_HOST if same else REMOTE
+    return SAME_HOST if mine.same_host(peer) else REMOTE
 
 
 def _order(c: PathChoice) -> tuple:
@@ -117,7 +117,7 @@ def _measure(size: int, rounds: int, candidates: tuple[PathChoice, ...]) -> dict
     out: dict[PathChoice, list[float]] = {c: [] for c in usable}
     src = ProbeSource(size)
     try:
-        usable = [c for c in usable if c.transport in src.endpoint["transports"]]
+        usable = [c for c in usable if c.transport in src.endpoint.transports]
         for r in range(rounds + 1):  # round 0 warms up, untimed; rounds interleave the candidates
             for c in usable:
                 t = get_transport(c.transport)
@@ -258,7 +258,7 @@ def _read(path: Path) -> tuple[Calibration | None, str]:
     return cal, ""
 
 
-def choose_path(mine: dict, peer: dict, forced: str | None = None, streams: int | None = None,
+def choose_path(mine: Endpoint, peer: Endpoint, forced: str | None = None, streams: int | None = None,
                 zero_copy: bool | None = None, calibration: Calibration | None = None):
     """(transport, streams) a reader at `mine` uses towards `peer`: the measured best for the peer's
     class, with whatever the config fixes (`forced` transport, `streams`, `zero_copy`) taking

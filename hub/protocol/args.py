@@ -14,10 +14,11 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Callable
 
-from rlsync.hub.errors import HubError, InvalidArgumentError, ShardError, VersionError
+from rlsync.hub.errors import HubError, InvalidArgumentError, ProtocolError, ShardError, VersionError
 from rlsync.hub.model.location import Location
 from rlsync.hub.model.manifest import Manifest
 from rlsync.hub.model.shard import Shard
+from rlsync.hub.protocol.messages import Endpoint
 
 MAX_ID = 2**63 - 1
 """Largest version number or unit id (a signed 64-bit integer, what the journal stores)."""
@@ -87,8 +88,10 @@ def _location(v):
 
 
 def _endpoint(v):
-    if not isinstance(v, dict) or not isinstance(v.get("tcp"), str) or v["tcp"].count(":") < 1:
-        raise Bad("must be a map with 'tcp': 'host:port'")
+    try:
+        Endpoint.from_wire(v)  # the shape every reader will type it with (hub/protocol/messages.py)
+    except ProtocolError as e:
+        raise Bad(f"must be a data-plane endpoint ({str(e).removeprefix('malformed endpoint: ')})") from None
     key = v.get("reader_key")
     if not isinstance(key, bytes) or len(key) != 32:
         raise Bad("must carry the reader's 32-byte session key 'reader_key'")

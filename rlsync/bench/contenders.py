@@ -70,7 +70,7 @@ class RlsyncContender(Contender):
             get_transport(self.transport)
         except TransportUnavailableError as e:
             raise Skip(str(e)) from None
-        if self.transport not in self.source.endpoint["transports"]:
+        if self.transport not in self.source.endpoint.transports:
             raise Skip(f"the source process does not serve {self.transport!r}")
 
     def run_once(self) -> float:

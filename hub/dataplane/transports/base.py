@@ -13,6 +13,7 @@ from typing import Callable, ClassVar
 
 from rlsync.hub.errors import TransportUnavailableError
 from rlsync.hub.dataplane.store import LocalReplica
+from rlsync.hub.protocol.messages import Endpoint
 
 _REGISTRY: dict[str, type["Transport"]] = {}
 
@@ -76,22 +77,22 @@ class Transport(ABC):
         the transport's own key (e.g. rdma's link layer), for `usable_between` on its peers."""
         return {}
 
-    def usable_between(self, mine: dict, peer: dict) -> bool:
+    def usable_between(self, mine: Endpoint, peer: Endpoint) -> bool:
         """Can a reader with endpoint `mine` read from a server with endpoint `peer` this way?"""
-        return self.name in peer.get("transports", ())
+        return self.name in peer.transports
 
     @abstractmethod
     def send_unit(self, conn: socket.socket, rep: LocalReplica, u: int) -> int:
         """Server side: deliver unit u of `rep` (present) on `conn`. Returns bytes moved."""
 
     @abstractmethod
-    def recv_unit(self, conn: socket.socket, dest: LocalReplica, u: int, nbytes: int, peer: dict) -> int | None:
+    def recv_unit(self, conn: socket.socket, dest: LocalReplica, u: int, nbytes: int, peer: Endpoint) -> int | None:
         """Reader side: the server announced unit u with `nbytes` of payload; land it in `dest`.
 
         May return the unit's xxh3-64 if it hashed the bytes on the way in (None: the caller hashes).
         """
 
-    def open_request(self, dest: LocalReplica, peer: dict) -> dict | None:
+    def open_request(self, dest: LocalReplica, peer: Endpoint) -> dict | None:
         """Reader side, before the request goes out: set up per-connection state (e.g. an RDMA queue
         pair) and return what the server must know of it; it travels in the request body as "x"."""
         return None

@@ -28,6 +28,7 @@ from rlsync.hub.dataplane import device as D
 from rlsync.hub.dataplane.wire import OK, UNIT
 from rlsync.hub.errors import ProtocolError, TransportUnavailableError
 from rlsync.hub.dataplane.store import LocalReplica
+from rlsync.hub.protocol.messages import Endpoint
 from rlsync.hub.dataplane.transports import cuda_logic as C
 from rlsync.hub.dataplane.transports.base import Transport, recv_exact, register_transport
 
@@ -74,10 +75,9 @@ class CudaIpcTransport(Transport):
             return {}
         return {"cuda": {"devices": torch.cuda.device_count(), "visible": os.environ.get("CUDA_VISIBLE_DEVICES", "")}}
 
-    def usable_between(self, mine: dict, peer: dict) -> bool:
+    def usable_between(self, mine: Endpoint, peer: Endpoint) -> bool:
         # IPC handles cannot be opened by the process that exported them.
-        return (super().usable_between(mine, peer) and mine.get("boot_id") == peer.get("boot_id") != ""
-                and mine.get("host") == peer.get("host") and mine.get("pid") != peer.get("pid"))
+        return super().usable_between(mine, peer) and mine.same_host(peer) and mine.pid != peer.pid
 
     def send_unit(self, conn: socket.socket, rep: LocalReplica, u: int) -> int:
         unit = rep.manifest.units[u]
@@ -95,7 +95,7 @@ class CudaIpcTransport(Transport):
             conn.sendall(p)
         return unit.nbytes
 
-    def recv_unit(self, conn: socket.socket, dest: LocalReplica, u: int, nbytes: int, peer: dict) -> None:
+    def recv_unit(self, conn: socket.socket, dest: LocalReplica, u: int, nbytes: int, peer: Endpoint) -> None:
         head = bytearray(C.HEADER.size)
         recv_exact(conn, memoryview(head))
         (hlen,) = C.HEADER.unpack(head)

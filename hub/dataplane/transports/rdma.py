@@ -40,6 +40,7 @@ import msgpack
 from rlsync.hub.dataplane.wire import OK, UNIT
 from rlsync.hub.errors import ProtocolError, TransferError, TransportUnavailableError
 from rlsync.hub.dataplane.store import LocalReplica
+from rlsync.hub.protocol.messages import Endpoint
 from rlsync.hub.dataplane.transports import rdma_logic as L
 from rlsync.hub.dataplane.transports.base import Transport, recv_exact, register_transport
 
@@ -312,22 +313,22 @@ class RdmaTransport(Transport):
         return {"rdma": {"link_layer": active[0].link_layer if active else "",
                          "nics": [f"{n.name}/{n.port}" for n in active]}}
 
-    def usable_between(self, mine: dict, peer: dict) -> bool:
-        a, b = mine.get("rdma") or {}, peer.get("rdma") or {}
+    def usable_between(self, mine: Endpoint, peer: Endpoint) -> bool:
+        a, b = mine.info("rdma"), peer.info("rdma")
         same_fabric = not (a.get("link_layer") and b.get("link_layer")) or a["link_layer"] == b["link_layer"]
         return super().usable_between(mine, peer) and same_fabric
 
     # reader ------------------------------------------------------------------
-    def open_request(self, dest: LocalReplica, peer: dict) -> dict:
+    def open_request(self, dest: LocalReplica, peer: Endpoint) -> dict:
         try:
             self._nic = open_nic(nearest_nic(dest))
             self._lkeys = self._nic.register(dest)
             self._qp = self._nic.create_qp(CONFIG.window)
             return {"qp": self._qp.local_info().to_wire()}
         except PyverbsError as e:
-            raise TransferError(f"rdma: cannot set up a queue pair towards {peer.get('tcp')}: {e}") from None
+            raise TransferError(f"rdma: cannot set up a queue pair towards {peer.tcp}: {e}") from None
 
-    def recv_unit(self, conn: socket.socket, dest: LocalReplica, u: int, nbytes: int, peer: dict) -> None:
+    def recv_unit(self, conn: socket.socket, dest: LocalReplica, u: int, nbytes: int, peer: Endpoint) -> None:
         if nbytes > 1 << 20:
             raise ProtocolError("oversized rdma descriptor frame")
         body = bytearray(nbytes)
@@ -340,7 +341,7 @@ class RdmaTransport(Transport):
         segs, qp_info = L.decode_descriptor(msg, unit.segments)
         local = [(self._lkeys[ti][0] + off, self._lkeys[ti][1], ln) for ti, off, ln in unit.segments]
         remote = [(s.addr, s.rkey, s.length) for s in segs]
-        window = L.ReadWindow(L.plan_reads(local, remote, CONFIG.max_read), self._qp.depth, peer.get("tcp", ""))
+        window = L.ReadWindow(L.plan_reads(local, remote, CONFIG.max_read), self._qp.depth, peer.tcp)
         timeout = conn.gettimeout()
         try:
             if not self._connected:
@@ -348,9 +349,9 @@ class RdmaTransport(Transport):
                     raise ProtocolError("rdma: the source sent no queue-pair address before its first unit")
                 self._qp.connect(qp_info)
                 self._connected = True
-            run_window(self._qp, window, 30.0 if timeout is None else timeout, peer.get("tcp", "?"))
+            run_window(self._qp, window, 30.0 if timeout is None else timeout, peer.tcp)
         except PyverbsError as e:  # a failed modify_qp / post_send: the connection is unusable
-            raise TransferError(f"rdma: READ from {peer.get('tcp')} failed: {e}") from None
+            raise TransferError(f"rdma: READ from {peer.tcp} failed: {e}") from None
         return None  # the caller verifies the unit's checksum on the landed bytes
 
     def finish(self, conn: socket.socket) -> None:

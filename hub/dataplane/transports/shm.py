@@ -28,6 +28,7 @@ import msgpack
 from rlsync.hub.dataplane.wire import OK, UNIT
 from rlsync.hub.errors import ProtocolError, TransferError, TransportUnavailableError
 from rlsync.hub.dataplane.store import LocalReplica
+from rlsync.hub.protocol.messages import Endpoint
 from rlsync.hub.dataplane.transports.base import Transport, recv_exact, register_transport
 
 try:
@@ -90,9 +91,8 @@ class SharedMemoryTransport(Transport):
                 "shm transport needs ptrace rights over peer processes: "
                 "/proc/sys/kernel/yama/ptrace_scope is >= 2 and we are not root")
 
-    def usable_between(self, mine: dict, peer: dict) -> bool:
-        return (super().usable_between(mine, peer) and mine.get("boot_id") == peer.get("boot_id") != ""
-                and mine.get("host") == peer.get("host"))
+    def usable_between(self, mine: Endpoint, peer: Endpoint) -> bool:
+        return super().usable_between(mine, peer) and mine.same_host(peer)
 
     def send_unit(self, conn: socket.socket, rep: LocalReplica, u: int) -> int:
         unit = rep.manifest.units[u]
@@ -100,7 +100,7 @@ class SharedMemoryTransport(Transport):
         conn.sendall(UNIT.pack(u, OK, len(where)) + where)
         return unit.nbytes
 
-    def recv_unit(self, conn: socket.socket, dest: LocalReplica, u: int, nbytes: int, peer: dict) -> int | None:
+    def recv_unit(self, conn: socket.socket, dest: LocalReplica, u: int, nbytes: int, peer: Endpoint) -> int | None:
         if nbytes > 1 << 20:
             raise ProtocolError("oversized shm address frame")
         body = bytearray(nbytes)
@@ -116,11 +116,11 @@ class SharedMemoryTransport(Transport):
             pieces.append((int(addr), dest.addresses[ti] + off, ln))
         if _engine is not None:
             try:
-                return _engine.read_process(int(peer["pid"]), pieces, True)
+                return _engine.read_process(peer.pid, pieces, True)
             except OSError as e:
-                raise TransferError(f"process_vm_readv from pid {peer['pid']} failed: {e}") from None
+                raise TransferError(f"process_vm_readv from pid {peer.pid} failed: {e}") from None
         for addr, local, ln in pieces:
-            copy_from_process(int(peer["pid"]), addr, local, ln)
+            copy_from_process(peer.pid, addr, local, ln)
         return None
 
     def finish(self, conn: socket.socket) -> None:

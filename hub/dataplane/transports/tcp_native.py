@@ -28,6 +28,7 @@ import struct
 from rlsync.hub.dataplane.wire import OK, UNIT
 from rlsync.hub.errors import ProtocolError, TransportUnavailableError
 from rlsync.hub.dataplane.store import LocalReplica
+from rlsync.hub.protocol.messages import Endpoint
 from rlsync.hub.dataplane.transports.base import Transport, recv_exact, register_transport
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,7 @@ class NativeTcpTransport(Transport):
                 log.warning("transport 'tcp' unavailable, falling back to 'tcp-py': %s", _MISSING)
             raise TransportUnavailableError(_MISSING)
 
-    def open_request(self, dest: LocalReplica, peer: dict) -> dict | None:
+    def open_request(self, dest: LocalReplica, peer: Endpoint) -> dict | None:
         return None if self.zero_copy else {"zc": False}  # absent: zero-copy, as before this field
 
     def accept_request(self, extra, rep: LocalReplica) -> None:
@@ -98,7 +99,7 @@ class NativeTcpTransport(Transport):
             raise
         return nbytes
 
-    def recv_unit(self, conn: socket.socket, dest: LocalReplica, u: int, nbytes: int, peer: dict) -> int:
+    def recv_unit(self, conn: socket.socket, dest: LocalReplica, u: int, nbytes: int, peer: Endpoint) -> int:
         unit = dest.manifest.units[u]
         if nbytes != unit.nbytes:
             raise ProtocolError(f"unit {u}: source announced {nbytes} bytes, manifest says {unit.nbytes}")

@@ -10,6 +10,7 @@ import socket
 from rlsync.hub.dataplane.wire import OK, UNIT
 from rlsync.hub.errors import ProtocolError
 from rlsync.hub.dataplane.store import LocalReplica
+from rlsync.hub.protocol.messages import Endpoint
 from rlsync.hub.dataplane.transports.base import Transport, recv_exact, register_transport
 
 
@@ -25,7 +26,7 @@ class PyTcpTransport(Transport):
             conn.sendall(rep.views[ti][off:off + ln])
         return unit.nbytes
 
-    def recv_unit(self, conn: socket.socket, dest: LocalReplica, u: int, nbytes: int, peer: dict) -> None:
+    def recv_unit(self, conn: socket.socket, dest: LocalReplica, u: int, nbytes: int, peer: Endpoint) -> None:
         unit = dest.manifest.units[u]
         if nbytes != unit.nbytes:
             raise ProtocolError(f"unit {u}: source announced {nbytes} bytes, manifest says {unit.nbytes}")

@@ -116,7 +116,7 @@ def read_error(s):
 
 def test_data_plane_refuses_missing_and_forged_tickets(hub, published):
     trainer, _ = published
-    endpoint = trainer.session.endpoint["tcp"]
+    endpoint = trainer.session.endpoint.tcp
     rid = f"{trainer.worker_id}:policy:1:tp0-pp0:live"
     for ticket in (None, b"x" * 80):
         s = raw_request(endpoint, {"ticket": ticket, "replica": rid, "units": [0]})
@@ -137,7 +137,7 @@ def test_data_plane_refuses_missing_and_forged_tickets(hub, published):
 
 def test_malformed_oversized_and_truncated_frames_do_not_hurt_servers(hub, published, wait_until):
     trainer, reader = published
-    endpoint = trainer.session.endpoint["tcp"]
+    endpoint = trainer.session.endpoint.tcp
     # data plane: bad magic, oversized body, garbage body, truncated header then close
     for sock in (raw_request(endpoint, {"a": 1}, magic=b"XXXX"),
                  raw_request(endpoint, b"{", kind=1)):

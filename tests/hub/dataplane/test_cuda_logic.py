@@ -27,6 +27,7 @@ from rlsync.hub.protocol.tickets import ReaderKey, Ticket, TicketSigner, TicketV
 from rlsync.hub.dataplane.transports import choose_transport, cuda, get_transport
 from rlsync.hub.dataplane.transports import cuda_logic as C
 from rlsync.hub.dataplane.transports.tcp_py import PyTcpTransport
+from tests.hub.dataplane.endpoints import ep
 
 
 # --------------------------------------------------------------------------- capability
@@ -43,19 +44,18 @@ def test_unavailable_here_with_one_clear_message():
     assert why is not None, "this machine has no GPU; if it has one now, run the conformance suite"
     with pytest.raises(E.TransportUnavailableError, match="cuda_ipc: .*nvidia-smi"):
         get_transport("cuda_ipc")
-    peer = {"transports": ["cuda_ipc", "shm", "tcp", "tcp-py"], "tcp": "127.0.0.1:1", "host": "h",
-            "boot_id": "b", "pid": 1}
-    mine = {"host": "h", "boot_id": "b", "pid": 2}
+    peer = ep(transports=["cuda_ipc", "shm", "tcp", "tcp-py"], host="h", boot_id="b", pid=1)
+    mine = ep(host="h", boot_id="b", pid=2)
     assert choose_transport(mine, peer).name == "shm"  # falls back to the best host-memory path
 
 
 def test_cuda_ipc_usable_only_between_processes_of_one_host():
     t = cuda.CudaIpcTransport()
-    peer = {"transports": ["cuda_ipc"], "host": "h", "boot_id": "b", "pid": 1}
-    assert t.usable_between({"host": "h", "boot_id": "b", "pid": 2}, peer)
-    assert not t.usable_between({"host": "h", "boot_id": "b", "pid": 1}, peer)  # the exporting process
-    assert not t.usable_between({"host": "g", "boot_id": "b", "pid": 2}, peer)
-    assert not t.usable_between({"host": "h", "boot_id": "c", "pid": 2}, peer)
+    peer = ep(transports=["cuda_ipc"], host="h", boot_id="b", pid=1)
+    assert t.usable_between(ep(host="h", boot_id="b", pid=2), peer)
+    assert not t.usable_between(ep(host="h", boot_id="b", pid=1), peer)  # the exporting process
+    assert not t.usable_between(ep(host="g", boot_id="b", pid=2), peer)
+    assert not t.usable_between(ep(host="h", boot_id="c", pid=2), peer)
 
 
 def test_torch_has_the_ipc_entry_points_we_call():
@@ -176,7 +176,7 @@ def server():
     store = ReplicaStore()
     s = DataServer(store, DataPlaneConfig(io_timeout_s=5.0))
     s.worker_id, s.verifier = "src", TicketVerifier(SIGNER.public_bytes)
-    yield store, {"tcp": s.address, "pid": os.getpid(), "host": "h", "boot_id": "b"}
+    yield store, ep(s.address, pid=os.getpid(), host="h", boot_id="b")
     s.close()
 
 

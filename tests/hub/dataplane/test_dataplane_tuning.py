@@ -24,6 +24,7 @@ from rlsync.hub.dataplane.transfer import DataServer, read_from_source
 from rlsync.hub.model.manifest import ManifestConfig, allocate, build_manifest
 from rlsync.hub.dataplane.store import LocalReplica, ReplicaStore
 from rlsync.hub.protocol.tickets import ReaderKey, Ticket, TicketSigner, TicketVerifier
+from tests.hub.dataplane.endpoints import ep
 
 P = T.PathChoice
 TCP2Z, TCP2C, TCP1Z, TCP4C = P("tcp", 2, True), P("tcp", 2, False), P("tcp", 1, True), P("tcp", 4, False)
@@ -59,24 +60,24 @@ def test_a_calibration_from_a_saturated_machine_is_provisional():
 
 
 def test_peer_class():
-    a = {"boot_id": "b1", "host": "h"}
-    assert T.peer_class(a, {"boot_id": "b1", "host": "h"}) == T.SAME_HOST
-    assert T.peer_class(a, {"boot_id": "b2", "host": "h"}) == T.REMOTE
-    assert T.peer_class({"boot_id": "", "host": "h"}, {"boot_id": "", "host": "h"}) == T.REMOTE
+    a = ep(boot_id="b1", host="h")
+    assert T.peer_class(a, ep(boot_id="b1", host="h")) == T.SAME_HOST
+    assert T.peer_class(a, ep(boot_id="b2", host="h")) == T.REMOTE
+    assert T.peer_class(ep(boot_id="", host="h"), ep(boot_id="", host="h")) == T.REMOTE
 
 
 CAL = T.Calibration({TCP2C: [5.0], TCP1Z: [4.0], P("tcp-py"): [4.5], P("shm"): [6.0]}, 1, 0.5, 0.0, "h")
 
 
 def test_choose_path_follows_the_calibration_and_the_config():
-    mine = {"boot_id": "b", "host": "h"}
-    here = {**mine, "transports": ["shm", "tcp", "tcp-py"], "tcp": "127.0.0.1:1"}
-    there = {"boot_id": "c", "host": "g", "transports": ["shm", "tcp", "tcp-py"], "tcp": "10.0.0.2:1"}
+    mine = ep(boot_id="b", host="h")
+    here = ep(boot_id="b", host="h", transports=["shm", "tcp", "tcp-py"])
+    there = ep("10.0.0.2:1", boot_id="c", host="g", transports=["shm", "tcp", "tcp-py"])
     t, k = T.choose_path(mine, here, calibration=CAL)
     assert (t.name, k) == ("shm", 1)
     t, k = T.choose_path(mine, there, calibration=CAL)
     assert (t.name, k, t.zero_copy) == ("tcp", 2, False)
-    t, k = T.choose_path(mine, {**here, "transports": ["tcp", "tcp-py"]}, calibration=CAL)  # the peer serves no shm
+    t, k = T.choose_path(mine, ep(boot_id="b", host="h", transports=["tcp", "tcp-py"]), calibration=CAL)  # the peer serves no shm
     assert (t.name, k, t.zero_copy) == ("tcp", 2, False)
     t, k = T.choose_path(mine, there, forced="tcp-py", calibration=CAL)
     assert (t.name, k) == ("tcp-py", 1)
@@ -89,8 +90,8 @@ def test_a_fetch_reads_the_hosts_calibration_and_without_one_takes_the_defaults(
     trust, gives the documented defaults at once. It never measures, whatever it finds."""
     monkeypatch.setenv("RLSYNC_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(T, "calibrate", lambda *a, **k: pytest.fail("a fetch measured"))
-    mine = {"boot_id": "b", "host": "h"}
-    there = {"boot_id": "c", "host": "g", "transports": ["shm", "tcp", "tcp-py"], "tcp": "10.0.0.2:1"}
+    mine = ep(boot_id="b", host="h")
+    there = ep("10.0.0.2:1", boot_id="c", host="g", transports=["shm", "tcp", "tcp-py"])
     t, k = T.choose_path(mine, there)
     assert (t.name, k, t.zero_copy) == ("tcp", T.FALLBACK_STREAMS, True)  # priority order; no file: defaults
     assert not any(tmp_path.rglob("*"))  # nothing measured, nothing locked, nothing written
@@ -169,7 +170,7 @@ def test_native_tcp_serves_the_send_mode_the_reader_asks_for(server, monkeypatch
     dest = LocalReplica("dest", rep.manifest, allocate(rep.manifest), full=False)
     reader = ReaderKey()
     ticket = signer.sign(Ticket("f", "reader", reader.public_bytes, "src", rid, time.time() + 60))
-    endpoint = {"tcp": srv.address, "pid": os.getpid(), "boot_id": "", "host": "h"}
+    endpoint = ep(srv.address, pid=os.getpid(), boot_id="", host="h")
     n = read_from_source(t, endpoint, ticket, rid, list(range(len(rep.manifest.units))), dest, 5.0,
                          streams=streams, reader=reader)
     assert n == rep.manifest.nbytes and dest.complete and len(rep.manifest.units) > 4
@@ -193,8 +194,8 @@ def test_native_tcp_refuses_malformed_request_options():
 
 def test_a_fetch_with_nothing_left_to_choose_reads_no_calibration(monkeypatch):
     monkeypatch.setattr(T, "cached", lambda: pytest.fail("read a calibration the config overrides in full"))
-    t, k = T.choose_path({"boot_id": "b", "host": "h"}, {"boot_id": "c", "host": "g", "transports": ["tcp"],
-                                                         "tcp": "10.0.0.2:1"}, "tcp", 2, False)
+    t, k = T.choose_path(ep(boot_id="b", host="h"), ep("10.0.0.2:1", boot_id="c", host="g", transports=["tcp"]),
+                         "tcp", 2, False)
     assert (t.name, k, t.zero_copy) == ("tcp", 2, False)
 
 
@@ -226,7 +227,7 @@ sys.addaudithook(lambda ev, a: probes.append(str(a[1])) if ev == "subprocess.Pop
                  and "rlsync.hub.dataplane.probe" in str(a[1]) else None)
 import torch
 from rlsync.hub import HubClient, Location, start_embedded_hub
-from rlsync.hub.dataplane.transports import choose_transport, endpoint_info
+from rlsync.hub.dataplane.transports import choose_transport, local_endpoint
 hub = start_embedded_hub(journal=os.path.join(sys.argv[1], "journal.db"))
 pub, reader = HubClient(hub.address, hub.token), HubClient(hub.address, hub.token)
 pub.join(Location(host="h0"), "trainer")
@@ -238,8 +239,8 @@ got = reader.fetch("policy", "latest")
 took = time.monotonic() - t0
 print(json.dumps({"took": took, "probes": probes, "same": all(torch.equal(got.tensors[k], w[k]) for k in w),
                   "used": list(got.transports.values()),
-                  "default": choose_transport({"host": "h0", "pid": os.getpid(), **endpoint_info()},
-                                              {"host": "h0", "pid": os.getpid(), **endpoint_info()}).name}))
+                  "default": choose_transport(local_endpoint("h0:1", os.getpid(), "h0"),
+                                              local_endpoint("h0:2", os.getpid(), "h0")).name}))
 reader.leave(); pub.leave(); hub.stop()
 """
 

@@ -29,6 +29,7 @@ from rlsync.hub.dataplane.store import LocalReplica, ReplicaStore
 from rlsync.hub.protocol.tickets import ReaderKey, Ticket, TicketSigner, TicketVerifier
 from rlsync.hub.dataplane.transports import boot_id, choose_transport, endpoint_info, get_transport, rdma
 from rlsync.hub.dataplane.transports import rdma_logic as L
+from tests.hub.dataplane.endpoints import ep
 
 from waiting import wait_for  # tests/waiting.py
 
@@ -275,15 +276,15 @@ def test_unavailable_here_with_one_clear_message():
 
 
 def test_fallback_decisions():
-    peer = {"transports": ["rdma", "tcp", "tcp-py"], "tcp": "10.0.0.2:1", "host": "b", "boot_id": "y"}
-    mine = {"host": "a", "boot_id": "x"}
-    assert choose_transport(mine, peer).name in ("tcp", "tcp-py")  # rdma unavailable here
+    peer = dict(transports=["rdma", "tcp", "tcp-py"], tcp="10.0.0.2:1", host="b", boot_id="y")
+    mine = ep(host="a", boot_id="x")
+    assert choose_transport(mine, ep(**peer)).name in ("tcp", "tcp-py")  # rdma unavailable here
     with pytest.raises(E.TransportUnavailableError, match="ibv_devices|pyverbs"):
-        choose_transport(mine, peer, forced="rdma")
+        choose_transport(mine, ep(**peer), forced="rdma")
     t = rdma.RdmaTransport()
-    assert t.usable_between({"rdma": {"link_layer": "InfiniBand"}}, {**peer, "rdma": {"link_layer": "InfiniBand"}})
-    assert not t.usable_between({"rdma": {"link_layer": "Ethernet"}}, {**peer, "rdma": {"link_layer": "InfiniBand"}})
-    assert not t.usable_between({}, {"transports": ["tcp"]})
+    assert t.usable_between(ep(rdma={"link_layer": "InfiniBand"}), ep(**peer, rdma={"link_layer": "InfiniBand"}))
+    assert not t.usable_between(ep(rdma={"link_layer": "Ethernet"}), ep(**peer, rdma={"link_layer": "InfiniBand"}))
+    assert not t.usable_between(ep(), ep(transports=["tcp"]))
 
 
 def test_a_worker_advertises_what_each_available_transport_adds(monkeypatch):
@@ -296,7 +297,7 @@ def test_a_worker_advertises_what_each_available_transport_adds(monkeypatch):
         m.setattr(rdma.RdmaTransport, "endpoint_info", classmethod(lambda cls: ib))
         info = endpoint_info()
     assert info["rdma"] == ib["rdma"] and "rdma" in info["transports"] and info["boot_id"] == boot_id()
-    assert rdma.RdmaTransport().usable_between({**info, "rdma": {"link_layer": "Ethernet"}}, info) is False
+    assert rdma.RdmaTransport().usable_between(ep(**{**info, "rdma": {"link_layer": "Ethernet"}}), ep(**info)) is False
 
 
 def test_fetch_from_a_peer_advertising_rdma_falls_back_to_tcp(make_client, monkeypatch):
@@ -429,7 +430,7 @@ def fake_rdma(monkeypatch):
     store = ReplicaStore()
     server = DataServer(store, DataPlaneConfig(io_timeout_s=5.0))
     server.worker_id, server.verifier = "src", TicketVerifier(SIGNER.public_bytes)
-    yield fabric, store, {"tcp": server.address, "pid": os.getpid(), "host": "h", "boot_id": "b"}
+    yield fabric, store, ep(server.address, pid=os.getpid(), host="h", boot_id="b")
     server.close()
 
 

@@ -26,6 +26,7 @@ from rlsync.hub.protocol.tickets import ReaderKey, Ticket, TicketSigner, TicketV
 from rlsync.hub.dataplane.transports import get_transport, transport_names
 from rlsync.hub.dataplane.transports.base import Transport, recv_exact, transport_by_kind
 from rlsync.hub.dataplane.transports import boot_id
+from tests.hub.dataplane.endpoints import ep
 
 SMALL = ManifestConfig(chunk_bytes=64 << 10, pack_below=4 << 10, pack_bytes=16 << 10)
 SIGNER = TicketSigner()
@@ -60,7 +61,7 @@ class Source:
         self.store = ReplicaStore()
         self.server = DataServer(self.store, cfg or DataPlaneConfig(io_timeout_s=5.0))
         self.server.worker_id, self.server.verifier = "src", TicketVerifier(SIGNER.public_bytes)
-        self.endpoint = {"tcp": self.server.address, "pid": os.getpid(), "boot_id": boot_id(), "host": "h"}
+        self.endpoint = ep(self.server.address, pid=os.getpid(), boot_id=boot_id(), host="h")
 
     def add(self, tensors: dict[str, torch.Tensor], rid: str = "r1", full: bool = True, cfg=SMALL,
             buffers: dict[str, torch.Tensor] | None = None) -> LocalReplica:
@@ -234,8 +235,7 @@ class FakeSource:
 
     def __init__(self, wire: bytes, hang: bool = False) -> None:
         self.lsock = socket.create_server(("127.0.0.1", 0))
-        self.endpoint = {"tcp": f"127.0.0.1:{self.lsock.getsockname()[1]}", "pid": os.getpid(),
-                         "boot_id": boot_id(), "host": "h"}
+        self.endpoint = ep(f"127.0.0.1:{self.lsock.getsockname()[1]}", pid=os.getpid(), boot_id=boot_id(), host="h")
         self.wire, self.hang, self.done = wire, hang, threading.Event()
         threading.Thread(target=self._run, daemon=True).start()
 
@@ -334,8 +334,8 @@ def test_native_engine_missing_falls_back_to_tcp_py(monkeypatch, caplog):
     monkeypatch.setattr(tcp_native, "_warned", False)
     with pytest.raises(E.TransportUnavailableError, match="not built"):
         get_transport("tcp")
-    peer = {"transports": ["tcp", "tcp-py"], "tcp": "127.0.0.1:1"}
+    peer = ep(transports=["tcp", "tcp-py"])
     with caplog.at_level("WARNING"):
-        assert choose_transport({}, peer).name == "tcp-py"
-        assert choose_transport({}, peer).name == "tcp-py"
+        assert choose_transport(ep(), peer).name == "tcp-py"
+        assert choose_transport(ep(), peer).name == "tcp-py"
     assert sum("falling back to 'tcp-py'" in r.getMessage() for r in caplog.records) == 1
