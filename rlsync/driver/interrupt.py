@@ -30,7 +30,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from rlsync.pools.attach import remove_job_files
+from rlsync.pool.attach import remove_job_files
 
 log = logging.getLogger(__name__)
 

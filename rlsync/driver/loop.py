@@ -17,7 +17,7 @@ Weights never pass through Ray or the driver: calls carry prompts, scored sample
 this: every tensor it sends or receives is counted (`ray/payload_bytes`) and checked against the model's parameter
 shapes (`ray/weight_like_tensors`, always 0).
 
-Rollout pools are elastic (rlsync/pools/pool_set.py): a `PoolSet` starts them, runs their churn schedules and
+Rollout pools are elastic (rlsync/pool/pool_set.py): a `PoolSet` starts them, runs their churn schedules and
 autoscale rule after each step, adopts pools attached with `python -m rlsync.pools join`, and turns joins and leaves
 into refs this loop waits on with the rest, so the loop never blocks on one worker.
 
@@ -54,8 +54,8 @@ from rlsync.driver.audit import PayloadAudit
 from rlsync.driver.checkpoint import CheckpointStore
 from rlsync.driver.staleness import SampleBuffer, StalenessBound, plan_request
 from rlsync.driver.teardown import run_all
-from rlsync.pools.attach import ray_connect_hint
-from rlsync.pools.pool_set import PoolSet
+from rlsync.pool.attach import ray_connect_hint
+from rlsync.pool.pool_set import PoolSet
 from rlsync.telemetry.loggers import make_logger
 from rlsync.telemetry.metrics import HubStats, StepAggregator
 from rlsync.telemetry.progress import StepProgress

@@ -24,7 +24,7 @@ from rlsync.hub.logs import setup_logging
 
 
 def _connect(job: dict):
-    from rlsync.pools.attach import use_ray_client_auth
+    from rlsync.pool.attach import use_ray_client_auth
 
     use_ray_client_auth(job)  # before Ray reads its config: Ray's token auth as the job file says
     import ray
@@ -42,8 +42,8 @@ def cmd_join(a, job: dict) -> int:
     from omegaconf import OmegaConf
 
     from rlsync.config.compose import hub_access, rollout_kwargs, to_config
-    from rlsync.pools.policies import PoolConfig
-    from rlsync.pools.pool_set import rollout_group
+    from rlsync.pool.policies import PoolConfig
+    from rlsync.pool.pool_set import rollout_group
 
     registry = _connect(job)
     view = ray.get(registry.snapshot.remote(), timeout=30)["pools"]
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
                        help="seconds to wait for the workers / the driver")
     a = p.parse_args(argv)
     setup_logging("WARNING")
-    from rlsync.pools.attach import read_job_file
+    from rlsync.pool.attach import read_job_file
 
     try:
         job = read_job_file(a.job)

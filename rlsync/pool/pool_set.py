@@ -35,8 +35,8 @@ from typing import Any, Iterator
 
 import ray
 
-from rlsync.pools.attach import REGISTRY, PoolRegistry, ray_client_auth, remove_job_files, write_job_file
-from rlsync.pools.policies import POOL_POLICIES, PoolConfig, PoolPolicy
+from rlsync.pool.attach import REGISTRY, PoolRegistry, ray_client_auth, remove_job_files, write_job_file
+from rlsync.pool.policies import POOL_POLICIES, PoolConfig, PoolPolicy
 from rlsync.telemetry.sync_sources import Place, SourceLedger
 from rlsync.workers.group import WorkerGroup
 from rlsync.workers.process import HubAccess, ProcessSetup
