@@ -10,7 +10,8 @@ config) when it starts and removes it when it ends. `join` connects to that Ray 
 fetch `latest` (from peers when they hold it), registers them in the job's pool registry, and exits;
 the driver adopts them within about a second and hands them prompts. `leave` asks the driver to let
 the pool go (each worker finishes its call, then leaves the hub with notice) and waits until it has.
-Without `--job`: $RLSYNC_JOB, else the job started last on this machine (~/.cache/rlsync/last_job).
+Without `--job`: $RLSYNC_JOB, else the one running job started from the current directory (or whose run dir it
+is); never a machine-wide "last job", which on a shared machine is someone else's.
 """
 
 from __future__ import annotations
@@ -156,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     lv.add_argument("--pool", required=True)
     ls = sub.add_parser("list", help="the job's pools and their workers' states")
     for s in (j, lv, ls):
-        s.add_argument("--job", default=None, help="the job's run dir (default: $RLSYNC_JOB, else the last job)")
+        s.add_argument("--job", default=None, help="the job's run dir (default: $RLSYNC_JOB, else the one job started from this directory)")
         s.add_argument("--timeout", type=positive_float, default=180.0,
                        help="seconds to wait for the workers / the driver")
     a = p.parse_args(argv)
