@@ -19,7 +19,7 @@ os.environ.setdefault("WANDB_MODE", "offline")
 
 def run(mode: str, root: str) -> dict:
     from rlsync.config.schema import TrainConfig
-    from rlsync.pools.policies import PoolConfig
+    from rlsync.pool.policies import PoolConfig
     from rlsync.driver import Driver
 
     run_dir = os.path.join(root, mode)

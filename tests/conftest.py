@@ -33,6 +33,7 @@ LONGEST_FIRST = [
     "hub/server/test_faults.py",
     "rl/test_rl_config.py",
     "hub/server/test_failover.py",
+    "rl/test_resume_after_interrupt.py",
     "rl/test_rl_loop.py",
     "rl/test_sync_modes.py",
     "bench/test_topo.py",

@@ -78,3 +78,13 @@ def test_the_public_api_is_reexported_and_the_hub_stays_light():
             "assert Driver is D and TrainConfig().steps > 0 and callable(run)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
+
+
+def test_command_lines_stand_at_the_top_not_inside_a_room():
+    """`python -m rlsync.pools` is an entry point like `rlsync.train`: its package holds the CLI only and the
+    library is the `rlsync.pool` room, which imports no run config. No contract needs an exception for a CLI."""
+    cli = sorted(p.name for p in (ROOT / "rlsync" / "pools").glob("*.py"))
+    assert cli == ["__init__.py", "__main__.py"], cli
+    text = (ROOT / "pyproject.toml").read_text()
+    assert "ignore_imports" not in text
+    assert 'source_modules = ["rlsync.workers", "rlsync.pool",' in text  # the room: no run config, no driver

@@ -104,7 +104,7 @@ def check_config(cfg: TrainConfig) -> TrainConfig:
         cfg.trainer.backend = "jax"; check_config(cfg)   # UnknownNameError: trainer.backend: unknown trainer backend 'jax'; known: deepspeed, torch
     """
     from rlsync.hub import transport_names
-    from rlsync.pools.policies import POOL_POLICIES
+    from rlsync.pool.policies import POOL_POLICIES
     from rlsync.rollout import ENGINES, MODEL_LOADERS
     from rlsync.rollout.tasks import TASKS
     from rlsync.trainer.registry import ADV_ESTIMATORS, BACKENDS, POLICY_LOSSES, VALUE_LOSSES

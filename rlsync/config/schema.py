@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlsync.hub import ClientConfig, HubConfig, RetentionConfig
-from rlsync.pools.policies import PoolConfig
+from rlsync.pool.policies import PoolConfig
 from rlsync.sync import SyncConfig
 from rlsync.telemetry.loggers import LoggingConfig
 from rlsync.workers.elastic import TrainerGroupConfig

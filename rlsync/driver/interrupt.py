@@ -3,14 +3,17 @@
     with GracefulStop(driver, run_dir) as stop:
         driver.run()               # returns early after a first Ctrl-C; `stop.signalled` says so
 
-- The first Ctrl-C (or SIGTERM) while the loop runs asks the driver to stop (`Driver.stop`): the loop
-  leaves at its next turn (at most ~1 s: its `ray.wait` wakes every second) and the usual wind-down
-  runs (workers leave the hub, job files and temp dirs removed). Nothing is interrupted mid-call:
-  an exception raised at an arbitrary point inside Ray's or the hub client's code could leave a lock
-  or a socket half-used, and the wind-down would then wait on it.
+- The first Ctrl-C (or SIGTERM) while the loop runs asks the driver to stop (`Driver.stop`) at the step
+  boundary: no new prompts or steps; a step still training finishes and counts (its `ray.wait` wakes
+  every second); then a checkpoint of that step (`checkpoint.enabled`, driver/checkpoint.py), so
+  `resume=auto` continues there and loses no finished step; then the usual wind-down (workers leave the
+  hub, job files and temp dirs removed). Nothing is interrupted mid-call: an exception raised at an
+  arbitrary point inside Ray's or the hub client's code could leave a lock or a socket half-used, and
+  the wind-down would then wait on it. Rollouts in flight are dropped (their prompts are skipped).
 - During start-up (before the loop) it raises KeyboardInterrupt at once, as Python would: there is no
   step to finish.
-- A second Ctrl-C, or a wind-down still running `deadline_s` after the first, gives up: the main
+- A second Ctrl-C, or a wind-down (the step in flight and the checkpoint included) still running
+  `deadline_s` after the first, gives up (no checkpoint then: `resume=auto` goes back to the last one): the main
   thread's stack goes to the log (what blocked), the job files and the hub's temp dir are removed, and
   the process exits 130 without waiting. The local Ray cluster goes with it (Ray kills the processes
   it started when their driver dies).
@@ -30,7 +33,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from rlsync.pools.attach import remove_job_files
+from rlsync.pool.attach import remove_job_files
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +73,8 @@ class GracefulStop:
         self._timer.start()
         if not getattr(self.driver, "looping", False):
             raise KeyboardInterrupt  # start-up: nothing to finish
-        log.warning("%s: stopping after this loop turn and winding down (again: exit at once)", name)
+        log.warning("%s: stopping after this loop turn (a step training finishes, then a checkpoint) and winding "
+                    "down (again: exit at once)", name)
         self.driver.stop()
 
     def _give_up(self, why: str) -> None:

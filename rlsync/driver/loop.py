@@ -17,7 +17,7 @@ Weights never pass through Ray or the driver: calls carry prompts, scored sample
 this: every tensor it sends or receives is counted (`ray/payload_bytes`) and checked against the model's parameter
 shapes (`ray/weight_like_tensors`, always 0).
 
-Rollout pools are elastic (rlsync/pools/pool_set.py): a `PoolSet` starts them, runs their churn schedules and
+Rollout pools are elastic (rlsync/pool/pool_set.py): a `PoolSet` starts them, runs their churn schedules and
 autoscale rule after each step, adopts pools attached with `python -m rlsync.pools join`, and turns joins and leaves
 into refs this loop waits on with the rest, so the loop never blocks on one worker.
 
@@ -54,10 +54,10 @@ from rlsync.driver.audit import PayloadAudit
 from rlsync.driver.checkpoint import CheckpointStore
 from rlsync.driver.staleness import SampleBuffer, StalenessBound, plan_request
 from rlsync.driver.teardown import run_all
-from rlsync.pools.attach import ray_connect_hint
-from rlsync.pools.pool_set import PoolSet
-from rlsync.telemetry.loggers import make_logger
+from rlsync.pool.attach import ray_connect_hint
+from rlsync.pool.pool_set import PoolSet
 from rlsync.telemetry.metrics import HubStats, StepAggregator
+from rlsync.telemetry.record import RunRecord
 from rlsync.telemetry.progress import StepProgress
 from rlsync.telemetry.trace import TraceWriter
 from rlsync.workers.policy import build_policy
@@ -97,8 +97,8 @@ class Driver:
         self.signal_handlers: dict[int, Any] = {}  # put back after ray.init (it sets SIGTERM's): GracefulStop
 
     def stop(self) -> None:
-        """Ask a running `run()` to end at the loop's next turn (<= ~1 s; thread-safe), then shut down as usual.
-        A step still training is not counted (the last checkpoint is where `resume=auto` continues)."""
+        """Ask a running `run()` to end at the step boundary (thread-safe): a step training finishes and counts,
+        then a checkpoint (`checkpoint.enabled`; `resume=auto` continues there) and the usual shut-down."""
         self._stop_requested.set()
 
     # ------------------------------------------------------------------------------------ set-up
@@ -186,9 +186,9 @@ class Driver:
         _, self.task = build_policy(c.model, c.task, c.seed, tokenizer_only=True)
         ckpt = CheckpointStore(self.run_dir / "checkpoints", keep=c.checkpoint.keep)
         resumed = ckpt.resolve(c.resume)
-        logger = make_logger(dataclasses.replace(c.logging, run_dir=str(self.run_dir)), run_config=as_dict(c),
-                             resume=resumed is not None)
-        trace = TraceWriter(self.run_dir / "trace.json")
+        from_step = int(resumed[1]["step"]) if resumed is not None else None
+        record = RunRecord(self.run_dir, c.logging, as_dict(c), resumed_from_step=from_step)  # resumed: continued
+        logger, trace = record.logger, record.trace
         self.totals = defaultdict(float)
         try:
             self._start()
@@ -209,8 +209,7 @@ class Driver:
                 bar.update(step, version=step)
                 self._loop(step, logger, trace, bar, ckpt)
         finally:
-            trace.close()
-            logger.close()
+            record.close(last_step=int(self.totals.get("steps", from_step or 0)))
             if self.looping:  # not after a start-up cut short: workers still importing hold each ask 30 s
                 self._write_memory()
             self._stop()
@@ -229,11 +228,11 @@ class Driver:
         step_stats: dict[str, float] = defaultdict(float)
         last_progress = time.monotonic()
         self.looping = True
-        while step < c.steps and not self._stop_requested.is_set():
+        while step < c.steps and not (self._stop_requested.is_set() and train_refs is None):  # see stop()
             # 0. pools: start leaves of preempted workers whose call is back, adopt attached pools
             self.pools.poll(busy)
             # 1. hand out prompts to free rollout workers, never more than k versions ahead
-            for pool, key, h in self.pools.free(busy):
+            for pool, key, h in ([] if self._stop_requested.is_set() else self.pools.free(busy)):
                 target = plan_request(steps_done=step, training=train_refs is not None,
                                       buffered=buf.fresh(step + (train_refs is not None), self.bound),
                                       inflight=inflight, groups_per_step=r.prompts_per_step,
@@ -246,7 +245,7 @@ class Driver:
                 busy.add(key)
                 inflight += len(prompts)
             # 2. start a train step when the trainer is free and a fresh batch is buffered
-            if train_refs is None:
+            if train_refs is None and not self._stop_requested.is_set():
                 took = buf.take(step, r.prompts_per_step, self.bound)
                 step_stats["staleness/dropped"] += took.dropped_samples
                 if took.payloads:
@@ -322,6 +321,8 @@ class Driver:
             if c.checkpoint.enabled and (step == c.steps or (c.checkpoint.every and step % c.checkpoint.every == 0)):
                 self._checkpoint(ckpt, step)
             trace.flush()
+        if self._stop_requested.is_set() and c.checkpoint.enabled and step > ckpt.latest_step():  # Ctrl-C: no step lost
+            self._checkpoint(ckpt, step)
 
     def _start_train(self, step: int) -> list:
         try:
@@ -391,8 +392,7 @@ class Driver:
         return out
 
     def _checkpoint(self, ckpt: CheckpointStore, step: int) -> None:
-        path = ckpt.path_for(step)
-        path.mkdir(parents=True, exist_ok=True)
+        path = ckpt.begin(step)
         self._trainer_call("save_checkpoint", [str(path)] * self.trainers.world_size)
         # The cursor is past every prompt handed out, trained or still in flight (see checkpoint.py).
         ckpt.commit(step, {"step": step, "version": step, "task": self.task.state_dict(),

@@ -1,7 +1,5 @@
-"""rlsync.pools: elastic rollout pools.
+"""`python -m rlsync.pools join|list|leave` (`__main__.py`): a command line at the top, like `rlsync/train.py`.
 
-    pool_set.py   PoolSet: every pool's members and lifecycle, what the driver talks to
-    policies.py   pool policies (fixed, spot, autoscale) in a registry; the churn schedule and autoscale rule
-    attach.py     the job file and the job's PoolRegistry actor (attach pools from another terminal)
-    __main__.py   `python -m rlsync.pools join|list|leave`
+Only the CLI lives here; the pools themselves (PoolSet, policies, churn, the job file) are the library room
+`rlsync/pool/`, which imports nothing above it (no run config): this package may, being an entry point.
 """

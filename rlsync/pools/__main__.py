@@ -10,7 +10,8 @@ config) when it starts and removes it when it ends. `join` connects to that Ray 
 fetch `latest` (from peers when they hold it), registers them in the job's pool registry, and exits;
 the driver adopts them within about a second and hands them prompts. `leave` asks the driver to let
 the pool go (each worker finishes its call, then leaves the hub with notice) and waits until it has.
-Without `--job`: $RLSYNC_JOB, else the job started last on this machine (~/.cache/rlsync/last_job).
+Without `--job`: $RLSYNC_JOB, else the one running job started from the current directory (or whose run dir it
+is); never a machine-wide "last job", which on a shared machine is someone else's.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from rlsync.hub.logs import setup_logging
 
 
 def _connect(job: dict):
-    from rlsync.pools.attach import use_ray_client_auth
+    from rlsync.pool.attach import use_ray_client_auth
 
     use_ray_client_auth(job)  # before Ray reads its config: Ray's token auth as the job file says
     import ray
@@ -42,8 +43,8 @@ def cmd_join(a, job: dict) -> int:
     from omegaconf import OmegaConf
 
     from rlsync.config.compose import hub_access, rollout_kwargs, to_config
-    from rlsync.pools.policies import PoolConfig
-    from rlsync.pools.pool_set import rollout_group
+    from rlsync.pool.policies import PoolConfig
+    from rlsync.pool.pool_set import rollout_group
 
     registry = _connect(job)
     view = ray.get(registry.snapshot.remote(), timeout=30)["pools"]
@@ -156,12 +157,12 @@ def main(argv: list[str] | None = None) -> int:
     lv.add_argument("--pool", required=True)
     ls = sub.add_parser("list", help="the job's pools and their workers' states")
     for s in (j, lv, ls):
-        s.add_argument("--job", default=None, help="the job's run dir (default: $RLSYNC_JOB, else the last job)")
+        s.add_argument("--job", default=None, help="the job's run dir (default: $RLSYNC_JOB, else the one job started from this directory)")
         s.add_argument("--timeout", type=positive_float, default=180.0,
                        help="seconds to wait for the workers / the driver")
     a = p.parse_args(argv)
     setup_logging("WARNING")
-    from rlsync.pools.attach import read_job_file
+    from rlsync.pool.attach import read_job_file
 
     try:
         job = read_job_file(a.job)

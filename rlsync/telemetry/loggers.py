@@ -83,15 +83,35 @@ class JsonlLogger:
     """One JSON object per line in `RUN_DIR/metrics.jsonl`: `{"step": 7, "time": <unix s>, ...}`.
 
     Each line is flushed as written, so a crashed run keeps every step it logged. Appends, so a
-    resumed run continues the same file.
+    resumed run continues the same file. `keep_through_step` (a resumed run: its checkpoint's step)
+    first drops the rows of later steps, which the resumed run trains and logs again: the file is
+    rewritten atomically (write + rename), so each step is there once and a crash mid-rewrite loses
+    nothing. `JsonlLogger(run_dir, keep_through_step=300)` over steps 1..309 keeps 1..300; it then
+    takes rows of steps after 300 only (those through 300 are the earlier part's, e.g. its evals).
     """
 
-    def __init__(self, run_dir: str | os.PathLike, filename: str = "metrics.jsonl") -> None:
+    def __init__(self, run_dir: str | os.PathLike, filename: str = "metrics.jsonl", *,
+                 keep_through_step: int | None = None) -> None:
         self.path = Path(run_dir) / filename
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.keep_through_step = keep_through_step
+        if keep_through_step is not None and self.path.exists():
+            self._truncate_after(keep_through_step)
         self._f = open(self.path, "a", encoding="utf-8")
 
+    def _truncate_after(self, step: int) -> None:
+        rows = read_jsonl(self.path)
+        kept = [r for r in rows if not isinstance(r.get("step"), int) or r["step"] <= step]
+        if len(kept) < len(rows):
+            log.info("%s: %d rows after step %d dropped (trained again by the resumed run)",
+                     self.path, len(rows) - len(kept), step)
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(r, allow_nan=False) + "\n" for r in kept), encoding="utf-8")
+        os.replace(tmp, self.path)
+
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
+        if self.keep_through_step is not None and step <= self.keep_through_step:
+            return  # recorded by the part before the resume
         row = {"step": int(step), "time": time.time()}
         row.update({str(k): _scalar(v) for k, v in metrics.items()})
         self._f.write(json.dumps(row, allow_nan=False) + "\n")
@@ -299,15 +319,17 @@ class LoggingConfig:
 
 
 def make_logger(cfg: LoggingConfig | Mapping[str, Any], run_config: Mapping[str, Any] | None = None, *,
-                resume: bool = False) -> MetricLogger:
-    """The run's logger from its config (a `LoggingConfig` or a mapping of the same fields); `resume`: a run
-    continued from a checkpoint, which logs to the same wandb run as before."""
+                resume_step: int | None = None) -> MetricLogger:
+    """The run's logger from its config (a `LoggingConfig` or a mapping of the same fields); `resume_step`: a run
+    continued from the checkpoint of that step, which keeps the JSONL's rows through it (later ones are trained
+    again) and logs to the same wandb run as before. None: a fresh run."""
     if not isinstance(cfg, LoggingConfig):
         cfg = dict(cfg)
         wb = cfg.pop("wandb", {}) or {}
         cfg = LoggingConfig(**cfg, wandb=wb if isinstance(wb, WandbLogger.Config) else WandbLogger.Config(**dict(wb)))
     mode = cfg.wandb.mode or os.environ.get("WANDB_MODE") or "offline"
-    loggers: list[MetricLogger] = [JsonlLogger(cfg.run_dir) if cfg.jsonl else NullLogger()]
+    loggers: list[MetricLogger] = [JsonlLogger(cfg.run_dir, keep_through_step=resume_step) if cfg.jsonl
+                                   else NullLogger()]
     if cfg.wandb.enabled and mode != "disabled":
-        loggers.append(WandbLogger(cfg.wandb, cfg.run_dir, run_config, resume=resume))
+        loggers.append(WandbLogger(cfg.wandb, cfg.run_dir, run_config, resume=resume_step is not None))
     return MultiLogger(loggers)

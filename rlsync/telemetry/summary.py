@@ -12,7 +12,9 @@
   (one state: an HF engine receives straight into its live parameters, so transfer and apply are one);
 - events: only the ones that happened (preemptions, joins, workers attached, workers lost, trainer ranks
   lost or joined, failed rollout requests, samples dropped as too stale); "none" when nothing did;
-- time: wall seconds and weight bytes moved.
+- time: wall seconds and weight bytes moved. A resumed run (`resume=auto`; RUN_DIR/parts.json, record.py) has
+  one line per part (its steps, the step it resumed from, its wall time) and their sum; the learning and
+  stall sections cover the whole run, since a resumed run's metrics.jsonl holds every step once.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from rich.table import Table
 
 from rlsync.telemetry.loggers import read_jsonl
 from rlsync.telemetry.metrics import STALL_CAUSE_KEYS
+from rlsync.telemetry.record import read_parts
 
 __all__ = ["STALL_NAMES", "EVENT_NAMES", "run_summary", "summarize_run", "summary_table", "print_run_summary"]
 
@@ -75,9 +78,12 @@ def _fmt_s(s: float) -> str:
 
 
 def run_summary(rows: Sequence[Mapping[str, Any]], totals: Mapping[str, float] | None = None,
-                wall_s: float | None = None, status: str = "done") -> dict[str, list[tuple[str, str]]]:
-    """Sections of (item, value) for the table, from the run's metric rows (one per step) and the driver's totals."""
+                wall_s: float | None = None, status: str = "done",
+                parts: Sequence[Mapping[str, Any]] = ()) -> dict[str, list[tuple[str, str]]]:
+    """Sections of (item, value) for the table, from the run's metric rows (one per step), the driver's totals and
+    the run's parts (parts.json; more than one when it was resumed: then they give the wall times, not `wall_s`)."""
     totals = totals or {}
+    resumed = [p for p in parts if p.get("resumed_from_step") is not None]
     rows = [r for r in rows if "step" in r]
     out: dict[str, list[tuple[str, str]]] = {}
     rewards = [float(r["reward/mean"]) for r in rows if isinstance(r.get("reward/mean"), (int, float))]
@@ -87,6 +93,8 @@ def run_summary(rows: Sequence[Mapping[str, Any]], totals: Mapping[str, float] |
     if rewards:
         learn.append(("reward, mean of first / last 10 steps", f"{_mean(rewards[:10]):.3f} -> {_mean(rewards[-10:]):.3f}"))
         learn.append(("reward, first / last step", f"{rewards[0]:.3f} -> {rewards[-1]:.3f}"))
+    if resumed:
+        learn.append(("resumed from step", ", ".join(str(p["resumed_from_step"]) for p in resumed)))
     out["learning"] = learn
 
     stall = {k: sum(float(r.get(k, 0.0) or 0.0) for r in rows) for k in STALL_CAUSE_KEYS}
@@ -108,7 +116,15 @@ def run_summary(rows: Sequence[Mapping[str, Any]], totals: Mapping[str, float] |
     out["events"] = happened or [("none", "no preemption, join, failure or dropped sample")]
 
     t = []
-    if wall_s is not None:
+    if resumed:
+        for p in parts:
+            steps = f"steps {p['first_step']}-{p['last_step']}" if p["last_step"] >= p["first_step"] else "no step"
+            what = f"part {p['part']}: {steps}"
+            if p.get("resumed_from_step") is not None:
+                what += f", resumed from step {p['resumed_from_step']}"
+            t.append((what, _fmt_s(p["wall_s"]) if p.get("wall_s") is not None else "ended without a record"))
+        t.append(("wall time, all parts", _fmt_s(sum(p.get("wall_s") or 0.0 for p in parts))))
+    elif wall_s is not None:
         t.append(("wall time", _fmt_s(wall_s)))
     sync = totals.get("sync/bytes", sum(float(r.get("sync/bytes", 0.0) or 0.0) for r in rows))
     t.append(("weight bytes fetched by workers", f"{sync / 1e6:.1f} MB"))
@@ -137,6 +153,6 @@ def print_run_summary(sections: Mapping[str, Sequence[tuple[str, str]]], console
 
 def summarize_run(run_dir: str | os.PathLike, totals: Mapping[str, float] | None, wall_s: float | None,
                   status: str = "done") -> dict[str, list[tuple[str, str]]]:
-    """`run_summary` of RUN_DIR/metrics.jsonl (no rows when the run logged none)."""
+    """`run_summary` of RUN_DIR/metrics.jsonl and parts.json (no rows when the run logged none)."""
     path = Path(run_dir) / "metrics.jsonl"
-    return run_summary(read_jsonl(path) if path.exists() else [], totals, wall_s, status)
+    return run_summary(read_jsonl(path) if path.exists() else [], totals, wall_s, status, parts=read_parts(run_dir))

@@ -8,6 +8,12 @@ per event (publish, fetch, ...) with its attrs as args, and the driver's steps a
 The file is streamed: events are appended as records arrive and flushed per `flush()`, so a
 crashed run still leaves a trace; `load_trace()` reads one that lacks its closing brackets.
 Adjacent intervals of one worker in the same state (a `drain()` cut) are merged into one slice.
+
+A resumed run appends (`TraceWriter(path, resumed_from_step=N)`), never overwrites: it takes off only the
+closing brackets (or, after a crash, a torn last event), keeps the file's `t0_ns` (the clocks share
+a wall-clock base, so the parts sit on one timeline with the downtime as a gap) and its tracks (a
+worker or pool seen before keeps its track), and marks the seam with a "resumed from step N"
+instant on the driver track.
 """
 
 from __future__ import annotations
@@ -43,14 +49,22 @@ class TraceWriter:
     """
 
     DRIVER_PID = 0
+    _CLOSE = "\n]}\n"
 
-    def __init__(self, path: str | os.PathLike, t0_ns: int | None = None) -> None:
+    def __init__(self, path: str | os.PathLike, t0_ns: int | None = None, *,
+                 resumed_from_step: int | None = None) -> None:
+        """`resumed_from_step`: a resumed run; it continues the trace at `path` (if there is one) from a mark."""
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.t0_ns = now_ns() if t0_ns is None else t0_ns
         self._pids: dict[str, int] = {}
         self._tids: dict[str, tuple[int, int]] = {}
         self._pending: dict[str, Interval] = {}  # last interval per worker, held back for merging
+        if resumed_from_step is not None and self.path.exists() and self._reopen():
+            self._write({"ph": "i", "s": "g", "name": f"resumed from step {resumed_from_step}", "cat": "resume",
+                         "pid": self.DRIVER_PID, "tid": 0, "ts": self._us(now_ns()),
+                         "args": {"resumed_from_step": resumed_from_step}})
+            return
+        self.t0_ns = now_ns() if t0_ns is None else t0_ns
         self._f = open(self.path, "w", encoding="utf-8")
         self._first = True
         self._f.write('{"displayTimeUnit": "ms", "otherData": ')
@@ -58,6 +72,42 @@ class TraceWriter:
         self._f.write(', "traceEvents": [\n')
         self._meta(self.DRIVER_PID, 0, "process_name", "driver")
         self._meta(self.DRIVER_PID, 0, "thread_name", "steps")
+
+    def _reopen(self) -> bool:
+        """Continue the existing file: cut its closing brackets (or a torn tail), take its t0 and tracks."""
+        text = self.path.read_text(encoding="utf-8")
+        if text.endswith(self._CLOSE):
+            keep = len(text) - len(self._CLOSE)
+        else:  # a crashed writer: keep whole events (one per line after the header, ending in "," but the last)
+            keep, end = 0, len(text)
+            while end > 0:
+                start = text.rfind("\n", 0, end) + 1
+                line = text[start:end].rstrip().rstrip(",")
+                if line.endswith('"traceEvents": ['):  # the header: no whole event after it
+                    keep = start + len(line)
+                    break
+                try:
+                    json.loads(line)
+                    keep = start + len(line)
+                    break
+                except json.JSONDecodeError:
+                    end = start - 1
+        try:
+            trace = json.loads(text[:keep] + self._CLOSE)
+        except json.JSONDecodeError:  # not a trace of ours: set it aside (never overwritten), start a new file
+            self.path.rename(self.path.with_name(self.path.name + ".unreadable"))
+            return False
+        self.t0_ns = int(trace["otherData"]["t0_ns"])
+        for e in trace["traceEvents"]:
+            if e.get("ph") == "M" and e.get("name") == "process_name" and e["pid"] != self.DRIVER_PID:
+                self._pids[e["args"]["name"]] = e["pid"]
+            elif e.get("ph") == "M" and e.get("name") == "thread_name" and e["pid"] != self.DRIVER_PID:
+                self._tids[e["args"]["name"]] = (e["pid"], e["tid"])
+        with open(self.path, "r+", encoding="utf-8") as f:
+            f.truncate(len(text[:keep].encode("utf-8")))
+        self._f = open(self.path, "a", encoding="utf-8")
+        self._first = not any(e for e in trace["traceEvents"])
+        return True
 
     def __enter__(self) -> "TraceWriter":
         return self

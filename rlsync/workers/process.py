@@ -23,7 +23,7 @@ from rlsync.hub.logs import quiet_console, setup_logging
 
 log = logging.getLogger(__name__)
 
-CHATTER = ("rlsync.hub", "rlsync.pools", "rlsync.workers")
+CHATTER = ("rlsync.hub", "rlsync.pool", "rlsync.workers")
 """Loggers whose INFO lines are per-version chatter (commits, offload-seeds, dropped seeds, joins, re-joins):
 they go to the run's log files (`<run dir>/train.log`, `<run dir>/logs/<worker>.log`), not the console."""
 

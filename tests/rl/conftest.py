@@ -33,7 +33,7 @@ def ray_address():
 def tiny_cfg(tmp_path):
     """A TrainConfig for a few fast steps: 1 trainer rank, 1 rollout worker, 4 prompts x 4 samples."""
     from rlsync.config.schema import TrainConfig
-    from rlsync.pools.policies import PoolConfig
+    from rlsync.pool.policies import PoolConfig
 
     def make(**over):
         cfg = TrainConfig(steps=4, run_dir=str(tmp_path / "run"), progress=False)

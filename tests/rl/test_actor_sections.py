@@ -15,7 +15,7 @@ from rlsync.config.schema import TrainConfig
 
 
 def test_no_actor_or_builder_takes_the_whole_run_config():
-    from rlsync.pools.pool_set import PoolSet, rollout_group
+    from rlsync.pool.pool_set import PoolSet, rollout_group
     from rlsync.workers.policy import build_policy
     from rlsync.workers.rollout_worker import RolloutWorker
     from rlsync.workers.seed_worker import SeedWorker
@@ -33,7 +33,7 @@ def test_no_actor_or_builder_takes_the_whole_run_config():
 
 def test_the_actors_rooms_import_no_part_of_the_run_config():
     code = ("import sys; import rlsync.workers.trainer_group, rlsync.workers.rollout_worker, "
-            "rlsync.workers.seed_worker, rlsync.pools.pool_set, rlsync.sync; "
+            "rlsync.workers.seed_worker, rlsync.pool.pool_set, rlsync.sync; "
             "bad = sorted(m for m in sys.modules if m.startswith(('rlsync.config', 'rlsync.driver')));"
             "assert not bad, bad")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

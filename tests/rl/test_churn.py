@@ -1,7 +1,7 @@
 """Pool policies and the source ledger: pure logic, milliseconds."""
 import pytest
 
-from rlsync.pools.churn import JOIN, PREEMPT_KILL, PREEMPT_NOTICE, AutoscaleConfig, ChurnConfig, ChurnSchedule, autoscale_delta
+from rlsync.pool.churn import JOIN, PREEMPT_KILL, PREEMPT_NOTICE, AutoscaleConfig, ChurnConfig, ChurnSchedule, autoscale_delta
 from rlsync.telemetry.sync_sources import Place, SourceLedger
 from rlsync.core.events import FetchEvent
 from rlsync.core.stall import Event

@@ -7,7 +7,7 @@ slows generation so that workers started mid-run (~5-15 s to import torch and jo
 """
 import json
 
-from rlsync.pools.policies import PoolConfig
+from rlsync.pool.policies import PoolConfig
 from rlsync.driver import Driver
 from rlsync.telemetry.loggers import read_jsonl
 

@@ -1,26 +1,9 @@
-"""The loop on real Ray actors: weights only through the hub, the staleness bound, resume."""
+"""The loop on real Ray actors: weights only through the hub, the staleness bound. (Resume:
+tests/rl/test_resume_after_interrupt.py.)"""
 import json
 
-from rlsync.driver.checkpoint import CheckpointStore
 from rlsync.driver import Driver
 from rlsync.telemetry.loggers import read_jsonl
-
-
-def test_resume_continues_versions_and_the_data_cursor(ray_address, tiny_cfg):
-    cfg = tiny_cfg(steps=3, **{"checkpoint.enabled": True, "checkpoint.every": 2})
-    Driver(cfg, cfg.run_dir).run()
-    first = read_jsonl(f"{cfg.run_dir}/metrics.jsonl")
-    path, state = CheckpointStore(f"{cfg.run_dir}/checkpoints").latest()
-    assert state["step"] == 3 and state["version"] == 3 and path.name == "step_0000003"
-    cursor = state["task"]["cursor"]
-    assert cursor == first[-1]["data/cursor"]
-
-    cfg2 = tiny_cfg(steps=5, resume="auto", **{"checkpoint.enabled": True})
-    Driver(cfg2, cfg2.run_dir).run()
-    rows = read_jsonl(f"{cfg2.run_dir}/metrics.jsonl")[len(first):]
-    assert [r["step"] for r in rows] == [4, 5] and [r["version"] for r in rows] == [4, 5]
-    # The resumed run hands out prompts from the saved cursor on: 4 prompts per request.
-    assert rows[0]["data/cursor"] > cursor and (rows[0]["data/cursor"] - cursor) % 4 == 0
 
 
 def test_no_weight_tensor_crosses_ray_and_every_fetch_goes_through_the_hub(ray_address, tiny_cfg):

@@ -107,8 +107,8 @@ def test_a_resumed_run_logs_to_the_same_wandb_run_and_a_fresh_one_does_not(tmp_p
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.setenv("WANDB_SILENT", "true")
     ids = []
-    for resume in (False, True, False):
-        lg = make_logger(LoggingConfig(run_dir=str(tmp_path)), resume=resume)
+    for resume_step in (None, 0, None):
+        lg = make_logger(LoggingConfig(run_dir=str(tmp_path)), resume_step=resume_step)
         ids.append([x for x in lg.loggers if isinstance(x, WandbLogger)][0].run.id)
         lg.close()
     assert ids[1] == ids[0] and ids[2] != ids[0], ids

@@ -95,7 +95,7 @@ def paths(tmp_path_factory):
 @pytest.mark.parametrize("cmd,arg", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_a_bad_argument_is_one_line_and_exit_2(paths, cmd, arg):
     argv = [sys.executable, "-m", *(a.format(**paths) for a in cmd)]
-    env = {**os.environ, "RLSYNC_JOB": "", "HOME": paths["tmp"]}  # pools: no last job of this machine's
+    env = {**os.environ, "RLSYNC_JOB": "", "HOME": paths["tmp"]}  # pools: no job of this shell
     r = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env, cwd=paths["tmp"])
     errors = [ln for ln in r.stderr.splitlines() if "error:" in ln]
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])

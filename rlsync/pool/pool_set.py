@@ -35,8 +35,8 @@ from typing import Any, Iterator
 
 import ray
 
-from rlsync.pools.attach import REGISTRY, PoolRegistry, ray_client_auth, remove_job_files, write_job_file
-from rlsync.pools.policies import POOL_POLICIES, PoolConfig, PoolPolicy
+from rlsync.pool.attach import REGISTRY, PoolRegistry, ray_client_auth, remove_job_files, write_job_file
+from rlsync.pool.policies import POOL_POLICIES, PoolConfig, PoolPolicy
 from rlsync.telemetry.sync_sources import Place, SourceLedger
 from rlsync.workers.group import WorkerGroup
 from rlsync.workers.process import HubAccess, ProcessSetup
@@ -157,6 +157,7 @@ class PoolSet:
         info = {"ray_address": ray.get_runtime_context().gcs_address, "namespace": self.namespace,
                 "hub_address": self.hub.address, "hub_token": self.hub.token, "model": self.hub.model,
                 "run_dir": str(self.run_dir.resolve()), "driver_pid": os.getpid(), **ray_client_auth(self.run_dir),
+                "started_from": os.getcwd(),  # `python -m rlsync.pools` from the same directory finds it
                 "config": json.loads(json.dumps(config, default=str))}
         self.job_file = write_job_file(self.run_dir, info)
         return self.job_file

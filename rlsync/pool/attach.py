@@ -8,17 +8,17 @@ the driver reports its pools to it and takes the CLI's attach / leave requests (
 from __future__ import annotations
 
 import json
-import logging
 import os
 import time
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger(__name__)
 
 JOB_FILE = "job.json"
-LAST_JOB = Path(os.path.expanduser("~/.cache/rlsync/last_job"))
 REGISTRY = "registry"
+FIND_DEPTH = 3
+"""How deep under the current directory a job file is looked for without `--job`: `runs/<date>/<time>/job.json`
+(Hydra's default run dir, relative to where the job started) is 3 levels down."""
 
 
 RAY_TOKEN_FILE = "ray_auth_token"
@@ -91,11 +91,6 @@ def write_job_file(run_dir: Path, info: dict[str, Any]) -> Path:
     """Atomically write RUN_DIR/job.json readable only by this user (it carries the hub token)."""
     path = Path(run_dir) / JOB_FILE
     _write_private(path, json.dumps(info, default=str))
-    try:
-        LAST_JOB.parent.mkdir(parents=True, exist_ok=True)
-        LAST_JOB.write_text(str(path.resolve()))
-    except OSError as e:
-        log.debug("could not record the last job: %s", e)
     return path
 
 
@@ -105,13 +100,37 @@ def remove_job_files(run_dir: Path) -> None:
         (Path(run_dir) / name).unlink(missing_ok=True)
 
 
+def find_job_here(cwd: str | os.PathLike | None = None) -> Path:
+    """The job file of the one running job started from `cwd` (default: the current directory), or that `cwd` is
+    the run dir of. Never a machine- or HOME-wide default: on a shared machine that was another user's job.
+
+    Looks at `cwd/job.json` and at job files up to FIND_DEPTH levels below `cwd` whose job recorded `cwd` as
+    the directory it started from (`started_from`); refuses when there is none or more than one.
+    """
+    cwd = Path(cwd or os.getcwd()).resolve()
+    if (cwd / JOB_FILE).is_file():
+        return cwd / JOB_FILE
+    found = []
+    for depth in range(1, FIND_DEPTH + 1):
+        for path in sorted(cwd.glob("/".join(["*"] * depth) + "/" + JOB_FILE)):
+            try:
+                started = json.loads(path.read_text()).get("started_from")
+            except (OSError, ValueError):  # another user's 0600 file, or one being replaced
+                continue
+            if started and Path(started).resolve() == cwd:
+                found.append(path.parent)
+    if not found:
+        raise FileNotFoundError(f"no --job given and no running job started from {cwd}: pass --job RUN_DIR "
+                                "(or set RLSYNC_JOB)")
+    if len(found) > 1:
+        raise FileNotFoundError(f"no --job given and {len(found)} running jobs started from {cwd} "
+                                f"({', '.join(str(p.relative_to(cwd)) for p in found)}): pass --job RUN_DIR")
+    return found[0] / JOB_FILE
+
+
 def read_job_file(job: str | os.PathLike | None) -> dict[str, Any]:
-    """The job file of RUN_DIR `job` (or of $RLSYNC_JOB, or of the job started last on this machine)."""
-    if job is None:
-        job = os.environ.get("RLSYNC_JOB") or (LAST_JOB.read_text().strip() if LAST_JOB.exists() else None)
-    if job is None:
-        raise FileNotFoundError("no job given: pass --job RUN_DIR (or set RLSYNC_JOB)")
-    path = Path(job)
+    """The job file of RUN_DIR `job` (None: $RLSYNC_JOB, else the one job started from this directory)."""
+    path = Path(job or os.environ.get("RLSYNC_JOB") or find_job_here())
     if path.is_dir():
         path = path / JOB_FILE
     if not path.exists():

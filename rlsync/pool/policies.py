@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlsync.core.registry import Registry
-from rlsync.pools.churn import (JOIN, PREEMPT_KILL, PREEMPT_NOTICE, AutoscaleConfig, ChurnConfig, ChurnSchedule,
+from rlsync.pool.churn import (JOIN, PREEMPT_KILL, PREEMPT_NOTICE, AutoscaleConfig, ChurnConfig, ChurnSchedule,
                                 autoscale_delta)
 from rlsync.rollout.engine import RolloutEngine
 from rlsync.workers.process import LocationConfig

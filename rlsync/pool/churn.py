@@ -1,6 +1,6 @@
 """Pool policies as pure logic: a seeded churn schedule for spot pools, and the autoscale rule.
 
-No Ray, no clock: the driver asks what happens at step s and does it (rlsync/pools/policies.py).
+No Ray, no clock: the driver asks what happens at step s and does it (rlsync/pool/policies.py).
 
     cfg = ChurnConfig(seed=1, preemptions=4, notice_fraction=0.5, joins=2, first_step=5, last_step=40)
     sched = ChurnSchedule.build(cfg, pool="spot", total_steps=50)
