@@ -217,7 +217,7 @@ def hub_access(cfg: TrainConfig, address: str, token: str) -> HubAccess:
 def worker_setup(cfg: TrainConfig) -> ProcessSetup:
     """What every worker process of the run does first (plugins, log files, threads)."""
     return ProcessSetup(plugins=tuple(cfg.plugins), plugin_path=tuple(cfg.plugin_path), run_dir=cfg.run_dir,
-                        torch_threads=cfg.ray.torch_threads)
+                        torch_threads=cfg.ray.torch_threads, deterministic=cfg.deterministic)
 
 
 def trainer_kwargs(cfg: TrainConfig, hub: HubAccess) -> dict[str, Any]:

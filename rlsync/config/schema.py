@@ -107,6 +107,13 @@ class TrainConfig:
     """Trainer steps (= versions published after the initial one)."""
     seed: int = 0
     """Seeds model init and sampling."""
+    deterministic: bool = False
+    """True: the same per-step rewards for a seed at any machine load — a synchronous, on-policy schedule (no
+    overlap of generation and training), each chunk of a step's prompts to a fixed worker with a sampling seed
+    derived from `seed`, results used in a fixed order, deterministic torch kernels. Slower (nothing overlaps);
+    refuses spot/autoscale pools, an elastic trainer and rollout.engine=vllm. False (default): asynchronous,
+    up to rollout.max_staleness versions of overlap; a seed fixes the init and the prompts, not the run.
+    docs/rl.md, "Repeatable runs"."""
     run_dir: str | None = None
     """Where metrics.jsonl, trace.json, wandb/ and checkpoints/ go; None: Hydra's run dir."""
     resume: str = "never"
