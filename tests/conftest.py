@@ -18,6 +18,7 @@ os.environ.setdefault("WANDB_MODE", "offline")
 # A new file over ~15 s belongs here, by its duration.
 LONGEST_FIRST = [
     "rl/test_attach_from_shell.py",
+    "rl/test_deterministic.py",
     "vllm/test_grpo_real_e2e.py",
     "rl/test_elastic_trainer.py",
     "hub/server/test_processes.py",

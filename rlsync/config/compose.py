@@ -96,6 +96,23 @@ def _check_args(where: str, config_cls: type, args: dict[str, Any]) -> None:
         raise ConfigError(f"{where}.{getattr(e, 'key', '') or ''}: {e.msg if hasattr(e, 'msg') else e}") from None
 
 
+def task_args(name: str, args: dict[str, Any], config_cls: type) -> dict[str, Any]:
+    """`task.args` checked against the task's Config and completed with its defaults, so the config (and
+    `--cfg job`) shows every value the task is built with; a reward name must be registered (`task.args.reward`).
+    `seed` is `task.seed`, not an arg."""
+    from omegaconf import OmegaConf
+
+    from rlsync.rollout.rewards import REWARDS
+
+    if "seed" in args:
+        raise ConfigError(f"task.args.seed={args['seed']}: set task.seed (the prompt stream's seed) instead")
+    _check_args("task.args", config_cls, args)
+    full = OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(config_cls), dict(args)), enum_to_str=True)
+    if isinstance(full.get("reward"), str):
+        REWARDS.check(full["reward"], "task.args.reward")
+    return {k: v for k, v in full.items() if k != "seed"}
+
+
 def check_config(cfg: TrainConfig) -> TrainConfig:
     """Refuse names no registry knows and algorithm / task args their component does not declare, naming
     the key and the valid choices; called by `to_config`, so `python -m rlsync.train` fails before Ray starts.
@@ -124,7 +141,7 @@ def check_config(cfg: TrainConfig) -> TrainConfig:
     _check_args("trainer.algo.adv_est_args", ADV_ESTIMATORS.get(a.adv_est).Config, a.adv_est_args)
     _check_args("trainer.algo.policy_loss_args", POLICY_LOSSES.get(a.policy_loss).Config, a.policy_loss_args)
     _check_args("trainer.algo.value_loss_args", VALUE_LOSSES.get("clipped").Config, a.value_loss_args)
-    _check_args("task.args", TASKS.get(cfg.task.name).Config, cfg.task.args)
+    cfg.task.args = task_args(cfg.task.name, cfg.task.args, TASKS.get(cfg.task.name).Config)
     check_values(cfg)  # bounds and rules across fields (rules.py)
     try:
         route_of(cfg)  # a weight-sync route serves this run (rlsync/sync/): else what to change
@@ -217,7 +234,7 @@ def hub_access(cfg: TrainConfig, address: str, token: str) -> HubAccess:
 def worker_setup(cfg: TrainConfig) -> ProcessSetup:
     """What every worker process of the run does first (plugins, log files, threads)."""
     return ProcessSetup(plugins=tuple(cfg.plugins), plugin_path=tuple(cfg.plugin_path), run_dir=cfg.run_dir,
-                        torch_threads=cfg.ray.torch_threads)
+                        torch_threads=cfg.ray.torch_threads, deterministic=cfg.deterministic)
 
 
 def trainer_kwargs(cfg: TrainConfig, hub: HubAccess) -> dict[str, Any]:

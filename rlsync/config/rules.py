@@ -96,6 +96,24 @@ def check_values(cfg: Any) -> None:
     if t.elastic.enabled and t.elastic.min_world_size > t.world_size:
         raise ConfigError(f"trainer.elastic.min_world_size={t.elastic.min_world_size}: must be <= "
                           f"trainer.world_size={t.world_size}")
+    if cfg.deterministic:
+        check_deterministic(cfg)
     # whether `trainer.publish=sharded` fits the run is the weight-sync routes' call (compose.check_config)
     if cfg.resume not in ("auto", "never", "") and not (Path(cfg.resume) / "driver_state.json").is_file():
         raise ConfigError(f"resume={cfg.resume}: must be auto, never or a checkpoint directory (with driver_state.json)")
+
+
+def check_deterministic(cfg: Any) -> None:
+    """`deterministic=true` refuses what would make a seed's run depend on timing, naming the key to change."""
+    for name, p in cfg.pools.items():
+        if p.policy != "fixed":
+            raise ConfigError(f"pools.{name}.policy={p.policy}: deterministic=true needs fixed pools (a {p.policy} "
+                              "pool's joins and leaves land at timing-dependent points); set policy=fixed or "
+                              "deterministic=false")
+    if cfg.trainer.elastic.enabled:
+        raise ConfigError("trainer.elastic.enabled=true: deterministic=true needs a static trainer group (a re-formed "
+                          "group trains at another world size from a timing-dependent step); set it false or "
+                          "deterministic=false")
+    if cfg.rollout.engine != "hf":
+        raise ConfigError(f"rollout.engine={cfg.rollout.engine}: deterministic=true seeds each request's sampling in "
+                          "the hf engine only; use rollout.engine=hf or deterministic=false")

@@ -107,12 +107,21 @@ class TrainConfig:
     """Trainer steps (= versions published after the initial one)."""
     seed: int = 0
     """Seeds model init and sampling."""
+    deterministic: bool = False
+    """True: the same per-step rewards for a seed at any machine load — a synchronous, on-policy schedule (no
+    overlap of generation and training), each chunk of a step's prompts to a fixed worker with a sampling seed
+    derived from `seed`, results used in a fixed order, deterministic torch kernels. Slower (nothing overlaps);
+    refuses spot/autoscale pools, an elastic trainer and rollout.engine=vllm. False (default): asynchronous,
+    up to rollout.max_staleness versions of overlap; a seed fixes the init and the prompts, not the run.
+    docs/rl.md, "Repeatable runs"."""
     run_dir: str | None = None
-    """Where metrics.jsonl, trace.json, wandb/ and checkpoints/ go; None: Hydra's run dir."""
+    """Where metrics.jsonl, trace.json, wandb/, checkpoints/ and train.log go (from the command line it is Hydra's
+    run dir too); None: Hydra's `hydra.run.dir` (default runs/<date>/<time>/)."""
     resume: str = "never"
     """`auto`: continue from the newest checkpoint in run_dir if there is one; `never`; or a checkpoint dir."""
     timeout_s: float = field(default=600.0, metadata={"gt": 0})
-    """Longest the driver waits for any one worker call before it gives up on the run."""
+    """Longest the driver waits on its workers with nothing finishing (a group starting, a train step, no rollout
+    or train call back) before it ends the run with an error. Not a limit on the run's length."""
     max_failed_requests: int = field(default=10, metadata={"ge": 0})
     """Rollout calls that may fail (an error inside a worker) before the run gives up; each loses its prompts."""
     progress: bool | None = None

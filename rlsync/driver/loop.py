@@ -52,7 +52,8 @@ from rlsync.config.schema import TrainConfig, as_dict
 from rlsync.core.stall import now_ns
 from rlsync.driver.audit import PayloadAudit
 from rlsync.driver.checkpoint import CheckpointStore
-from rlsync.driver.staleness import SampleBuffer, StalenessBound, plan_request
+from rlsync.driver.schedule import AsyncSchedule, LockstepSchedule, Request
+from rlsync.driver.staleness import SampleBuffer, StalenessBound
 from rlsync.driver.teardown import run_all
 from rlsync.pool.attach import ray_connect_hint
 from rlsync.pool.pool_set import PoolSet
@@ -91,6 +92,9 @@ class Driver:
         self.n_rollout = sum(p.size for p in cfg.pools.values())
         r = cfg.rollout
         self.ppr = r.prompts_per_request or max(1, -(-r.prompts_per_step // max(1, self.n_rollout)))
+        size = dict(prompts_per_step=r.prompts_per_step, per_request=self.ppr, total_steps=cfg.steps)
+        self.schedule = (LockstepSchedule(run_seed=cfg.seed, **size) if cfg.deterministic  # schedule.py
+                         else AsyncSchedule(self.bound, **size))
         self._stop_requested = threading.Event()
         self.evals = Evaluator(cfg.eval, model=cfg.model, task=cfg.task, steps=cfg.steps, timeout_s=cfg.timeout_s)
         self.looping = False  # True once the step loop runs: stop() then ends the run at its next turn
@@ -218,7 +222,7 @@ class Driver:
     def _loop(self, step: int, logger, trace: TraceWriter, bar: StepProgress, ckpt: CheckpointStore) -> None:
         c, r = self.cfg, self.cfg.rollout
         buf: SampleBuffer = SampleBuffer()
-        pending: dict[Any, tuple[str, str, int]] = {}  # ref -> (pool, worker key, groups requested)
+        pending: dict[Any, Request] = {}  # ref -> (pool, worker key, prompts)
         busy: set[str] = set()
         inflight = 0
         train_refs: list | None = None
@@ -231,19 +235,12 @@ class Driver:
         while step < c.steps and not (self._stop_requested.is_set() and train_refs is None):  # see stop()
             # 0. pools: start leaves of preempted workers whose call is back, adopt attached pools
             self.pools.poll(busy)
-            # 1. hand out prompts to free rollout workers, never more than k versions ahead
-            for pool, key, h in ([] if self._stop_requested.is_set() else self.pools.free(busy)):
-                target = plan_request(steps_done=step, training=train_refs is not None,
-                                      buffered=buf.fresh(step + (train_refs is not None), self.bound),
-                                      inflight=inflight, groups_per_step=r.prompts_per_step,
-                                      bound=self.bound, total_steps=c.steps)
-                if target is None or not self.channels.may_start(self.bound.min_version(target), step):
-                    break
-                prompts = self.task.next_prompts(self.ppr)
-                ref = h.rollout.remote(prompts, self.bound.min_version(target))
-                pending[ref] = (pool, key, len(prompts))
-                busy.add(key)
-                inflight += len(prompts)
+            # 1. hand out prompts to free workers, as the schedule says (async: never more than k versions ahead)
+            for ref, req in ([] if self._stop_requested.is_set() else self.schedule.hand_out(
+                    step, train_refs is not None, buf, inflight, busy, self.pools, self.task, self.channels)):
+                pending[ref] = req
+                busy.add(req.key)
+                inflight += len(req.prompts)
             # 2. start a train step when the trainer is free and a fresh batch is buffered
             if train_refs is None and not self._stop_requested.is_set():
                 took = buf.take(step, r.prompts_per_step, self.bound)
@@ -269,12 +266,14 @@ class Driver:
                 continue
             last_progress = time.monotonic()
             if ref in pending:
-                pool, key, n = pending.pop(ref)
+                req = pending.pop(ref)
+                pool, key, n = req.pool, req.key, len(req.prompts)
                 busy.discard(key)
                 inflight -= n
                 try:
                     res = self.audit.see(ray.get(ref))
                 except ray.exceptions.RayActorError as e:
+                    n = self.schedule.lost(req)  # lockstep: handed out again (0 lost)
                     if self.pools.on_dead(pool, key):  # a planned preemption: one line, no Ray traceback
                         log.info("%s preempted mid-call: %d prompts lost", key, n)
                     else:
@@ -284,6 +283,7 @@ class Driver:
                         raise RunError("every rollout worker is gone") from e
                     continue
                 except ray.exceptions.RayTaskError as e:
+                    n = self.schedule.lost(req)
                     log.warning("rollout on %s failed: %s; %d prompts lost", key, _first_line(e), n)
                     log.debug("rollout on %s failed", key, exc_info=e)
                     self.totals["pool/lost_prompts"] += n
@@ -291,8 +291,8 @@ class Driver:
                     if self.totals["pool/failed_requests"] > c.max_failed_requests:
                         raise RunError(f"more than {c.max_failed_requests} rollout requests failed") from e
                     continue
-                for b in res.groups:
-                    buf.add(res.version, b, samples=len(b))
+                for version, b in self.schedule.results(req, res):  # lockstep: the whole step, in chunk order
+                    buf.add(version, b, samples=len(b))
                 step_stats["timing_s/generate"] += res.generate_s
                 continue
             # a trainer rank finished: wait for the others, then close the step

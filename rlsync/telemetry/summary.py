@@ -74,7 +74,9 @@ def _mean(xs: Sequence[float]) -> float:
 
 
 def _fmt_s(s: float) -> str:
-    return f"{s:.0f} s" if s < 120 else f"{s // 60:.0f} min {s % 60:.0f} s"
+    """`42 s`, `6 min 0 s`: whole seconds first, then split (rounding the remainder alone printed `6 min 60 s`)."""
+    t = round(s)
+    return f"{t} s" if t < 120 else f"{t // 60} min {t % 60} s"
 
 
 def run_summary(rows: Sequence[Mapping[str, Any]], totals: Mapping[str, float] | None = None,

@@ -72,6 +72,8 @@ class ProcessSetup:
     """The run's directory: this worker's chatter goes to `<run dir>/logs/<name>.log` (None: the console)."""
     torch_threads: int = 1
     """Intra-op threads of this process."""
+    deterministic: bool = False
+    """The run's `deterministic`: torch's deterministic kernels only (an op without one raises)."""
 
 
 def process_setup(setup: ProcessSetup, name: str = "") -> None:
@@ -87,6 +89,9 @@ def process_setup(setup: ProcessSetup, name: str = "") -> None:
         log_file = os.path.join(setup.run_dir, "logs", f"{name or os.getpid()}.log") if setup.run_dir else None
         quiet_console(CHATTER, log_file)
     torch.set_num_threads(max(1, setup.torch_threads))
+    if setup.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # what deterministic cuBLAS needs on a GPU
+        torch.use_deterministic_algorithms(True)
 
 
 def hub_client(hub: HubAccess, location: LocationConfig, name: str, *, on_fetch=None, **join):

@@ -113,8 +113,10 @@ class RolloutWorker:
         return JoinResult(worker=self.worker_id, wid=self.hub.worker_id, pool=self.pool, dc=self.hub.location.dc,
                           version=self.engine.version, bytes_by_source=by_source)
 
-    def rollout(self, prompts: list, min_version: int) -> RolloutResult:
+    def rollout(self, prompts: list, min_version: int, seed: int | None = None) -> RolloutResult:
         """Sample `group_size` responses per prompt with weights of version >= min_version, score them.
+        `seed`: sampling starts from it (`deterministic=true`: the same prompts, weights and seed give the
+        same responses on any worker); None: this worker's generator goes on.
 
         Returns one trainer `Batch` per prompt group (data, never weights) and the version they came from.
         """
@@ -122,6 +124,8 @@ class RolloutWorker:
         self.receiver.ensure(min_version, eager=self.rollout_cfg.eager_fetch)
         self.receiver.prefetch()                         # fetch what is newer while this batch generates
         t0 = time.perf_counter()
+        if seed is not None:
+            torch.manual_seed(seed)  # HF `generate` samples from the global generator
         with self.clock.state("generating"):
             out = self.engine.generate([p.prompt_ids for p in prompts for _ in range(g)])
             rewards = torch.tensor([self.task.score(prompts[i // g], r) for i, r in enumerate(out.response_ids)],

@@ -56,3 +56,8 @@ def test_no_rows_is_an_empty_run_not_an_error():
     s = run_summary([], None, None, status="interrupted")
     assert dict(s["learning"]) == {"status": "interrupted", "steps": "0"}
     assert s["stall (worker-seconds over the run)"] == [("all stall", "0 s")]
+
+
+def test_a_wall_time_just_short_of_a_minute_boundary_rounds_into_the_next_minute():
+    wall = {w: dict(run_summary(_rows()[:1], totals={}, wall_s=w)["time"])["wall time"] for w in (419.6, 359.5, 119.7, 59.6)}
+    assert wall == {419.6: "7 min 0 s", 359.5: "6 min 0 s", 119.7: "2 min 0 s", 59.6: "60 s"}
