@@ -79,6 +79,8 @@ class RolloutResult:
     """One trainer `Batch` per prompt group."""
     generate_s: float = 0.0
     """Seconds spent generating and scoring."""
+    completions: list = field(default_factory=list)
+    """A few of the responses as text (`rlsync.telemetry.completions.Completion`), for the run's completions table."""
 
 
 @dataclass(kw_only=True)

@@ -3,30 +3,25 @@
     summary = Driver(TrainConfig(steps=20), run_dir="runs/r1").run()
 
 What one process does (DESIGN.md §4):
-1. joins or starts a Ray cluster, starts the embedded hub in this process, starts the trainer group (N data-parallel
-   ranks) and every rollout pool (M workers each);
+1. joins or starts a Ray cluster, starts the embedded hub in this process, the trainer group (N data-parallel ranks)
+   and every rollout pool (M workers each);
 2. the trainer publishes version v (its live tensors; the hub copies nothing); rollout workers fetch `latest` into
    their engines' parameters when the staleness bound requires it;
-3. event loop: hand free rollout workers prompts (`plan_request`: never more than k versions ahead), buffer the
-   scored groups, and whenever the trainer is free and the buffer holds a batch of groups the bound admits for this
-   step (older ones dropped and counted), train on it;
-4. per step: drain every worker's stall clock, aggregate the window (`StepAggregator`), log to JSONL/wandb, append
-   to `trace.json`, move the progress bar, checkpoint on cadence.
+3. event loop: hand free workers prompts as the schedule says (schedule.py), buffer the scored groups, and whenever
+   the trainer is free and the buffer holds a batch the bound admits for this step (older ones dropped), train;
+4. per step: drain every worker's stall clock, aggregate the window (`StepAggregator`), log it and a few completions'
+   text (JSONL/wandb), append to `trace.json`, move the progress bar, checkpoint on cadence.
 
-Weights never pass through Ray or the driver: calls carry prompts, scored samples and metrics. The driver audits
-this: every tensor it sends or receives is counted (`ray/payload_bytes`) and checked against the model's parameter
-shapes (`ray/weight_like_tensors`, always 0).
-
+Weights never pass through Ray or the driver: calls carry prompts, scored samples and metrics; every tensor sent or
+received is counted (`ray/payload_bytes`) and checked against the parameter shapes (`ray/weight_like_tensors`: 0).
 Rollout pools are elastic (rlsync/pool/pool_set.py): a `PoolSet` starts them, runs their churn schedules and
 autoscale rule after each step, adopts pools attached with `python -m rlsync.pools join`, and turns joins and leaves
 into refs this loop waits on with the rest, so the loop never blocks on one worker.
 
-The trainer ranks are a `TrainerGroup` (rlsync/workers/trainer_group.py). Static by default: a dead rank ends the
-run. With `trainer.elastic.enabled=true` a failed step re-forms the group at the new world size with the hub's
-latest committed weights, and the loop trains the same batch again (or counts the step if it had committed); ranks
-added mid-run join at a step boundary (docs/elastic.md).
-
-Simplifies: a dead rollout worker is dropped from its pool (its prompts are lost, counted).
+The trainer ranks are a `TrainerGroup` (rlsync/workers/trainer_group.py), static by default: a dead rank ends the run.
+With `trainer.elastic.enabled=true` a failed step re-forms the group at the new world size from the hub's latest
+committed weights and the loop trains the same batch again (or counts the step if it committed); ranks added mid-run
+join at a step boundary (docs/elastic.md). Simplified: a dead rollout worker is dropped, its prompts lost (counted).
 """
 
 from __future__ import annotations
@@ -57,6 +52,7 @@ from rlsync.driver.staleness import SampleBuffer, StalenessBound
 from rlsync.driver.teardown import run_all
 from rlsync.pool.attach import ray_connect_hint
 from rlsync.pool.pool_set import PoolSet
+from rlsync.telemetry.completions import CompletionSample
 from rlsync.telemetry.metrics import HubStats, StepAggregator
 from rlsync.telemetry.record import RunRecord
 from rlsync.telemetry.progress import StepProgress
@@ -92,7 +88,8 @@ class Driver:
         self.n_rollout = sum(p.size for p in cfg.pools.values())
         r = cfg.rollout
         self.ppr = r.prompts_per_request or max(1, -(-r.prompts_per_step // max(1, self.n_rollout)))
-        size = dict(prompts_per_step=r.prompts_per_step, per_request=self.ppr, total_steps=cfg.steps)
+        size = dict(prompts_per_step=r.prompts_per_step, per_request=self.ppr, total_steps=cfg.steps,
+                    samples=cfg.logging.completions_per_step)
         self.schedule = (LockstepSchedule(run_seed=cfg.seed, **size) if cfg.deterministic  # schedule.py
                          else AsyncSchedule(self.bound, **size))
         self._stop_requested = threading.Event()
@@ -230,6 +227,7 @@ class Driver:
         agg = StepAggregator()
         step_start_ns = agg.window_start_ns
         step_stats: dict[str, float] = defaultdict(float)
+        texts = CompletionSample(c.logging.completions_per_step)  # completions.jsonl, wandb table
         last_progress = time.monotonic()
         self.looping = True
         while step < c.steps and not (self._stop_requested.is_set() and train_refs is None):  # see stop()
@@ -293,6 +291,7 @@ class Driver:
                     continue
                 for version, b in self.schedule.results(req, res):  # lockstep: the whole step, in chunk order
                     buf.add(version, b, samples=len(b))
+                texts.add(res.completions)
                 step_stats["timing_s/generate"] += res.generate_s
                 continue
             # a trainer rank finished: wait for the others, then close the step
@@ -314,6 +313,7 @@ class Driver:
             self.pools.on_step(step, m)
             self.trainers.after_step(step)
             logger.log(m, step=step)
+            logger.log_rows("completions", texts.take(), step=step)
             bar.update(step, version=int(m["version"]), reward=m.get("reward/mean"), stall_s=m["stall/total_s"],
                        staleness=m.get("staleness/mean"), sync_stall_s=m.get("stall/rollout_wait_weights_s"),
                        sync_bytes=m.get("sync/bytes"))

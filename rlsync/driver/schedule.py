@@ -50,8 +50,10 @@ def sampling_seed(run_seed: int, step: int, slot: int) -> int:
 class AsyncSchedule:
     """Any free worker, the next prompts, up to k versions ahead (`plan_request`); results in arrival order."""
 
-    def __init__(self, bound: StalenessBound, *, prompts_per_step: int, per_request: int, total_steps: int):
+    def __init__(self, bound: StalenessBound, *, prompts_per_step: int, per_request: int, total_steps: int,
+                 samples: int = 0):
         self.bound, self.pps, self.ppr, self.total_steps = bound, prompts_per_step, per_request, total_steps
+        self.samples = samples  # completions each call decodes as text (logging.completions_per_step)
 
     def hand_out(self, step: int, training: bool, buf: SampleBuffer, inflight: int, busy: set[str], pools: Any,
                  task: Any, channels: Any) -> Iterator[tuple[Any, Request]]:
@@ -63,7 +65,8 @@ class AsyncSchedule:
                 return
             prompts = task.next_prompts(self.ppr)
             inflight += len(prompts)
-            yield h.rollout.remote(prompts, self.bound.min_version(target)), Request(pool, key, prompts)
+            yield (h.rollout.remote(prompts, self.bound.min_version(target), samples=self.samples),
+                   Request(pool, key, prompts))
 
     def results(self, req: Request, res: Any) -> list[tuple[int, Any]]:
         return [(res.version, g) for g in res.groups]
@@ -75,8 +78,9 @@ class AsyncSchedule:
 class LockstepSchedule:
     """`deterministic=true`: one step at a time, chunk j to slot j with a derived seed, results in chunk order."""
 
-    def __init__(self, *, run_seed: int, prompts_per_step: int, per_request: int, total_steps: int):
+    def __init__(self, *, run_seed: int, prompts_per_step: int, per_request: int, total_steps: int, samples: int = 0):
         self.seed, self.pps, self.ppr, self.total_steps = run_seed, prompts_per_step, per_request, total_steps
+        self.samples = samples  # completions each call decodes as text (logging.completions_per_step)
         self.step = -1
         self.chunks: list[list] = []    # the step's prompts, chunk by chunk
         self.todo: list[int] = []       # chunks not handed out (or handed out again after a failure)
@@ -116,7 +120,7 @@ class LockstepSchedule:
                 continue
             self.todo.remove(slot)
             busy.add(key)
-            yield (h.rollout.remote(self.chunks[slot], step, sampling_seed(self.seed, step, slot)),
+            yield (h.rollout.remote(self.chunks[slot], step, sampling_seed(self.seed, step, slot), samples=self.samples),
                    Request(pool, key, self.chunks[slot], slot))
 
     def results(self, req: Request, res: Any) -> list[tuple[int, Any]]:

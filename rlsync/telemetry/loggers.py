@@ -2,9 +2,11 @@
 
     logger = make_logger(LoggingConfig(run_dir="runs/r1"))   # JSONL + wandb offline
     logger.log({"stall/total_s": 1.5, "reward/mean": 0.3}, step=7)
+    logger.log_rows("completions", [{"prompt": "2+2", "response": "4", "reward": 1.0}], step=7)
     logger.close()
 
-Every backend implements `MetricLogger` (`log(metrics, step)`, `close()`); code above this file calls
+Every backend implements `MetricLogger` (`log(metrics, step)`, `log_rows(table, rows, step)`, `close()`):
+rows of a table go to `RUN_DIR/<table>.jsonl` and a wandb table of that name. Code above this file calls
 one logger and never asks which backends are on (`NullLogger` when wandb is off, `MultiLogger` to fan
 out). The JSONL is the run's readable record: wandb 0.31 offline runs are binary `.wandb` files with
 no Python reader, and `python -m rlsync.report` reads the JSONL.
@@ -44,6 +46,7 @@ __all__ = [
     "apply_wandb_dashboard",
     "dashboard_spec",
     "read_jsonl",
+    "RUN_CONFIG_FILE",
 ]
 
 log = logging.getLogger(__name__)
@@ -54,6 +57,9 @@ class MetricLogger(Protocol):
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
         """Record one step's scalar metrics."""
 
+    def log_rows(self, table: str, rows: Sequence[Mapping[str, Any]], step: int) -> None:
+        """Record one step's rows of table `table` (e.g. a sample of completions); no rows: nothing."""
+
     def close(self) -> None:
         """Flush and release; idempotent."""
 
@@ -62,6 +68,9 @@ class NullLogger:
     """Accepts everything, records nothing: the logger of a backend that is off."""
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
+        pass
+
+    def log_rows(self, table: str, rows: Sequence[Mapping[str, Any]], step: int) -> None:
         pass
 
     def close(self) -> None:
@@ -79,8 +88,25 @@ def _scalar(v: Any) -> Any:
     return str(v)
 
 
+def _plain(v: Any) -> Any:
+    """A JSON value: lists and dicts kept (their items made plain), scalars as `_scalar` makes them."""
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): _plain(x) for k, x in v.items()}
+    return _scalar(v)
+
+
+def _cell(v: Any) -> Any:
+    """A table cell: a plain scalar, or a list/dict as compact JSON text (one type per column for wandb)."""
+    if isinstance(v, (list, tuple, dict)):
+        return json.dumps(_plain(v), separators=(",", ":"))
+    return _scalar(v)
+
+
 class JsonlLogger:
-    """One JSON object per line in `RUN_DIR/metrics.jsonl`: `{"step": 7, "time": <unix s>, ...}`.
+    """One JSON object per line in `RUN_DIR/metrics.jsonl`: `{"step": 7, "time": <unix s>, ...}`; a table's
+    rows in `RUN_DIR/<table>.jsonl`, each `{"step": 7, ...the row}`.
 
     Each line is flushed as written, so a crashed run keeps every step it logged. Appends, so a
     resumed run continues the same file. `keep_through_step` (a resumed run: its checkpoint's step)
@@ -98,6 +124,7 @@ class JsonlLogger:
         if keep_through_step is not None and self.path.exists():
             self._truncate_after(keep_through_step)
         self._f = open(self.path, "a", encoding="utf-8")
+        self._tables: dict[str, Any] = {}
 
     def _truncate_after(self, step: int) -> None:
         rows = read_jsonl(self.path)
@@ -117,9 +144,21 @@ class JsonlLogger:
         self._f.write(json.dumps(row, allow_nan=False) + "\n")
         self._f.flush()
 
+    def log_rows(self, table: str, rows: Sequence[Mapping[str, Any]], step: int) -> None:
+        if not rows:
+            return
+        if table not in self._tables:
+            self._tables[table] = open(self.path.parent / f"{table}.jsonl", "a", encoding="utf-8")
+        f = self._tables[table]
+        for r in rows:
+            row = {"step": int(step), **{str(k): _plain(v) for k, v in r.items()}}
+            f.write(json.dumps(row, allow_nan=False) + "\n")
+        f.flush()
+
     def close(self) -> None:
-        if not self._f.closed:
-            self._f.close()
+        for f in (self._f, *self._tables.values()):
+            if not f.closed:
+                f.close()
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
@@ -287,6 +326,16 @@ class WandbLogger:
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
         self.run.log({k: _scalar(v) for k, v in metrics.items()}, step=int(step))
 
+    def log_rows(self, table: str, rows: Sequence[Mapping[str, Any]], step: int) -> None:
+        """A `wandb.Table` named `table` at `step` (columns: step, then the rows' keys in first-seen order)."""
+        if not rows:
+            return
+        import wandb
+
+        cols = ["step", *dict.fromkeys(k for r in rows for k in r)]
+        data = [[int(step), *(_cell(r.get(c)) for c in cols[1:])] for r in rows]
+        self.run.log({table: wandb.Table(columns=cols, data=data)}, step=int(step))
+
     def close(self) -> None:
         if not self._closed:
             self._closed = True
@@ -303,6 +352,10 @@ class MultiLogger:
         for lg in self.loggers:
             lg.log(metrics, step)
 
+    def log_rows(self, table: str, rows: Sequence[Mapping[str, Any]], step: int) -> None:
+        for lg in self.loggers:
+            lg.log_rows(table, rows, step)
+
     def close(self) -> None:
         for lg in self.loggers:
             lg.close()
@@ -316,6 +369,14 @@ class LoggingConfig:
     """Write RUN_DIR/metrics.jsonl (python -m rlsync.report reads it)."""
     wandb: WandbLogger.Config = field(default_factory=WandbLogger.Config)
     """wandb backend; offline by default."""
+    completions_per_step: int = field(default=4, metadata={"ge": 0})
+    """Sampled completions (prompt, response, reward, version) kept per step in RUN_DIR/completions.jsonl and
+    the wandb table `completions`; each rollout call decodes at most this many. 0: none (docs/telemetry.md)."""
+
+
+RUN_CONFIG_FILE = "config.json"
+"""In the run dir: the run's resolved config as JSON (the local copy of wandb's run config; what
+`python -m rlsync.export` rebuilds the model from). Rewritten by each invocation, a resumed one too."""
 
 
 def make_logger(cfg: LoggingConfig | Mapping[str, Any], run_config: Mapping[str, Any] | None = None, *,
@@ -327,6 +388,12 @@ def make_logger(cfg: LoggingConfig | Mapping[str, Any], run_config: Mapping[str,
         cfg = dict(cfg)
         wb = cfg.pop("wandb", {}) or {}
         cfg = LoggingConfig(**cfg, wandb=wb if isinstance(wb, WandbLogger.Config) else WandbLogger.Config(**dict(wb)))
+    if run_config is not None:
+        path = Path(cfg.run_dir) / RUN_CONFIG_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(dict(run_config), indent=1, default=str))
+        os.replace(tmp, path)  # a reader never sees half a file
     mode = cfg.wandb.mode or os.environ.get("WANDB_MODE") or "offline"
     loggers: list[MetricLogger] = [JsonlLogger(cfg.run_dir, keep_through_step=resume_step) if cfg.jsonl
                                    else NullLogger()]

@@ -1,14 +1,18 @@
 """`RolloutWorker`: a rollout worker as a Ray actor — its engine takes versions from the run's weight-sync
 route, generates, scores.
 
-    rollout(prompts, min_version) -> RolloutResult: makes the engine hold a version >= min_version first
-        (waiting_weights, loading_weights), then generates and scores (generating)
+    rollout(prompts, min_version, samples=k) -> RolloutResult: makes the engine hold a version >= min_version
+        first (waiting_weights, loading_weights), then generates and scores (generating); `samples`: how many
+        responses it also returns as text (`RolloutResult.completions`, rlsync/telemetry/completions.py)
     join_run() -> where its first fetch read from (a worker joining a running job)
 
 How weights reach the engine is the route's business (rlsync/sync/, `self.receiver`): by default the hub
 fetches `latest` into `engine.named_parameters_for_sync()` once the version the request needs has
 committed (one parked `wait_latest`, no polling); ZeRO-3 partitions are read back whole, vLLM stages.
 The engine comes from the rollout-engine registry (`rollout.engine`, e.g. `hf`).
+
+Its log (`<run dir>/logs/<pool>-<i>.log`, INFO) has a line per fetch (version, bytes, seconds, sources), per
+rollout call (size, version, seconds, mean reward) and per error, with its traceback.
 
 A worker is built from the sections it reads (its pool's `engine` and `location`, the run's `rollout`,
 `inject`, `model`, `task`, `sync`) plus the run's seed, the route's `RunShape` and the hub's address:
@@ -27,10 +31,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rlsync.core.events import JoinResult, RolloutResult
+from rlsync.core.events import FetchEvent, JoinResult, RolloutResult
 from rlsync.core.stall import StallClock
 from rlsync.rollout.engine import RolloutEngine
 from rlsync.sync import RunShape, Side, SyncConfig, choose_route
+from rlsync.telemetry.completions import Completion, pick_samples
 from rlsync.workers.policy import ModelConfig, TaskConfig, build_policy, special_ids
 from rlsync.workers.process import (HubAccess, LocationConfig, ProcessSetup, hub_client as _hub_client,
                                     process_setup as _process_setup, with_telemetry)
@@ -65,6 +70,22 @@ class InjectConfig:
     """Each rollout call sleeps this long in `generating` (starves the trainer of data)."""
 
 
+class _LoggedClock(StallClock):
+    """The worker's stall clock, which also writes each fetch (whoever made it: the route, a prefetch
+    thread) to the worker's log: one line per version taken, none per unit."""
+
+    def event(self, name: str, **attrs):
+        ev = super().event(name, **attrs)
+        if name == FetchEvent.NAME:
+            f = FetchEvent.from_attrs(attrs)
+            log.info("fetched v%d (%s%s): %.2f MB in %.3f s from %s", f.version, f.mode, ", join" if f.join else "",
+                     f.bytes / 1e6, f.seconds, ", ".join(f"{s} {n / 1e6:.2f} MB" for s, n in
+                                                        sorted(f.bytes_by_source.items())) or "-")
+        elif name == "fetch_retry":
+            log.info("fetch retried after %s", attrs.get("error", "?"))
+        return ev
+
+
 @with_telemetry
 class RolloutWorker:
     def __init__(self, pool: str, index: int, *, engine: RolloutEngine.Config, location: LocationConfig,
@@ -76,7 +97,7 @@ class RolloutWorker:
 
         self.pool, self.rollout_cfg, self.inject = pool, rollout, inject
         self.worker_id = f"{pool}-{index}"
-        self.clock = StallClock(self.worker_id, role="rollout", pool=pool)
+        self.clock = _LoggedClock(self.worker_id, role="rollout", pool=pool)
         torch.manual_seed(seed * 1000 + index + 1)  # sampling differs per worker
         params, self.task = build_policy(model, task, seed)
         ecfg = dataclasses.replace(engine)
@@ -89,6 +110,8 @@ class RolloutWorker:
         side = Side(sync=sync, model=hub.model, hub=self.hub, clock=self.clock, hub_address=hub.address, shape=shape)
         self.receiver = choose_route(sync, shape).receiver(side, self.engine, params=params,
                                                            delay_s=inject.weights_delay_s)
+        log.info("%s ready: engine %s, model %s, task %s, route %s, hub worker %s at %s", self.worker_id,
+                 rollout.engine, model.kind, task.name, sync.mode, self.hub.worker_id, hub.address)
 
     def sync_connect(self, arg, meta: dict) -> str:
         """The driver's set-up of the route (broadcast: join the static group; blocks until all have)."""
@@ -113,15 +136,27 @@ class RolloutWorker:
         return JoinResult(worker=self.worker_id, wid=self.hub.worker_id, pool=self.pool, dc=self.hub.location.dc,
                           version=self.engine.version, bytes_by_source=by_source)
 
-    def rollout(self, prompts: list, min_version: int, seed: int | None = None) -> RolloutResult:
+    def rollout(self, prompts: list, min_version: int, seed: int | None = None, samples: int = 0) -> RolloutResult:
         """Sample `group_size` responses per prompt with weights of version >= min_version, score them.
         `seed`: sampling starts from it (`deterministic=true`: the same prompts, weights and seed give the
         same responses on any worker); None: this worker's generator goes on.
 
-        Returns one trainer `Batch` per prompt group (data, never weights) and the version they came from.
+        Returns one trainer `Batch` per prompt group (data, never weights), the version they came from, and
+        `samples` of the responses decoded as `Completion`s (one per prompt first).
         """
+        try:
+            return self._rollout(prompts, min_version, seed, samples)
+        except Exception:
+            log.exception("rollout of %d prompts (min v%d) failed, holding v%d", len(prompts), min_version,
+                          self.engine.version)
+            raise
+
+    def _rollout(self, prompts: list, min_version: int, seed: int | None, samples: int) -> RolloutResult:
         g = self.rollout_cfg.group_size
+        held = self.engine.version
         self.receiver.ensure(min_version, eager=self.rollout_cfg.eager_fetch)
+        if self.engine.version != held:
+            log.info("holding v%d (was v%d; this call needs >= v%d)", self.engine.version, held, min_version)
         self.receiver.prefetch()                         # fetch what is newer while this batch generates
         t0 = time.perf_counter()
         if seed is not None:
@@ -136,8 +171,20 @@ class RolloutWorker:
                 time.sleep(self.inject.generate_delay_s)
         self.clock.enter("idle")
         groups = [batch.select(torch.arange(i * g, (i + 1) * g)) for i in range(len(prompts))]
-        return RolloutResult(worker=self.worker_id, version=out.version, groups=groups,
-                             generate_s=time.perf_counter() - t0)
+        took = time.perf_counter() - t0
+        log.info("rollout: %d prompts x %d = %d samples, %d response tokens, v%d, %.3f s, reward mean %.3f",
+                 len(prompts), g, len(out.response_ids), sum(map(len, out.response_ids)), out.version, took,
+                 float(rewards.mean()))
+        return RolloutResult(worker=self.worker_id, version=out.version, groups=groups, generate_s=took,
+                             completions=self._as_text(prompts, out, rewards, samples))
+
+    def _as_text(self, prompts: list, out, rewards: torch.Tensor, k: int) -> list[Completion]:
+        """`k` of the call's responses decoded (the driver's sample of completions: a few strings, not the batch)."""
+        g, tok = self.rollout_cfg.group_size, self.task.tokenizer
+        return [Completion(prompt=prompts[i // g].text, response=tok.decode(out.response_ids[i]),
+                           reward=float(rewards[i]), version=out.version, worker=self.worker_id,
+                           prompt_index=prompts[i // g].index, response_tokens=len(out.response_ids[i]))
+                for i in pick_samples(len(out.response_ids), g, k)]
 
     def evaluate(self, prompts: list, min_version: int) -> dict[str, float]:
         """Greedy decoding of held-out prompts with weights of version >= min_version: mean reward, share fully right."""

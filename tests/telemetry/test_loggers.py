@@ -54,6 +54,9 @@ def test_null_and_multi(tmp_path):
         def log(self, metrics, step):
             seen.append((step, dict(metrics)))
 
+        def log_rows(self, table, rows, step):
+            seen.append((step, table, list(rows)))
+
         def close(self):
             seen.append("closed")
 
@@ -61,8 +64,9 @@ def test_null_and_multi(tmp_path):
     m = MultiLogger([NullLogger(), Spy()])
     assert len(m.loggers) == 1
     m.log({"a": 1}, step=0)
+    m.log_rows("completions", [{"prompt": "p"}], step=0)
     m.close()
-    assert seen == [(0, {"a": 1}), "closed"]
+    assert seen == [(0, {"a": 1}), (0, "completions", [{"prompt": "p"}]), "closed"]
 
 
 def test_make_logger_without_wandb_is_jsonl_only(tmp_path):
