@@ -52,7 +52,7 @@ from rlsync.driver.staleness import SampleBuffer, StalenessBound
 from rlsync.driver.teardown import run_all
 from rlsync.pool.attach import ray_connect_hint
 from rlsync.pool.pool_set import PoolSet
-from rlsync.telemetry.completions import CompletionSample
+from rlsync.telemetry.completions import CompletionSample, trained_prompts
 from rlsync.telemetry.metrics import HubStats, StepAggregator
 from rlsync.telemetry.record import RunRecord
 from rlsync.telemetry.progress import StepProgress
@@ -313,7 +313,7 @@ class Driver:
             self.pools.on_step(step, m)
             self.trainers.after_step(step)
             logger.log(m, step=step)
-            logger.log_rows("completions", texts.take(), step=step)
+            logger.log_rows("completions", texts.take(trained_prompts(self._batch)), step=step)
             bar.update(step, version=int(m["version"]), reward=m.get("reward/mean"), stall_s=m["stall/total_s"],
                        staleness=m.get("staleness/mean"), sync_stall_s=m.get("stall/rollout_wait_weights_s"),
                        sync_bytes=m.get("sync/bytes"))

@@ -4,12 +4,15 @@
     picks = pick_samples(n_samples=16, group_size=4, k=3)    # [0, 4, 8]: one per prompt group first
     sample = CompletionSample(per_step=4)                   # the driver's side
     sample.add(result.completions)                          # each rollout call's few decoded samples
-    logger.log_rows("completions", sample.take(), step=7)   # -> completions.jsonl + wandb table
+    rows = sample.take(trained_prompts(batches))            # of the prompts step 7 trained on
+    logger.log_rows("completions", rows, step=7)            # -> completions.jsonl + wandb table
 
 The rollout worker decodes only the samples it returns (`k` per call), so the driver receives a few
-short strings per call, never the batch's text. A step's rows are the completions that *arrived*
-during that step (their `version` says which weights produced them; with staleness k > 0 that can
-be older than the step). The driver keeps the first `per_step` of them.
+short strings per call, never the batch's text. A step's rows are completions of the prompts that
+step trained on (their `version` says which weights produced them; with staleness k > 0 that can be
+older than the step), one per prompt first; completions of prompts no step trains on (dropped as
+too stale, lost with a worker) age out of a bounded pool. So every step that trained has rows, and
+which rows does not depend on when calls happened to arrive (a `deterministic=true` run repeats them).
 
 Simplifies: a response's whole text has one `version`; `version_spans` is the slot for engines that
 switch weights mid-sequence (per-token version spans) and stays None until one reports them.
@@ -19,9 +22,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
-__all__ = ["Completion", "CompletionSample", "COMPLETION_COLUMNS", "pick_samples"]
+__all__ = ["Completion", "CompletionSample", "COMPLETION_COLUMNS", "pick_samples", "trained_prompts"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,6 +45,8 @@ class Completion:
     """The prompt's index in the task's stream (its group)."""
     response_tokens: int = 0
     """Response length in tokens (including an end token)."""
+    finished: bool = False
+    """The response ended with the end token (False: cut at the length limit, or an engine's other stop)."""
     version_spans: list[tuple[int, int, int]] | None = None
     """(version, first token, end token) per span of the response when the engine switched weights
     mid-sequence; None: every token is `version`."""
@@ -63,19 +68,36 @@ def pick_samples(n_samples: int, group_size: int, k: int) -> list[int]:
 
 
 class CompletionSample:
-    """The driver's bounded sample: at most `per_step` completions held until `take()`."""
+    """The driver's bounded pool of decoded completions, by prompt, until a step that trained on the
+    prompt takes up to `per_step` of them."""
 
-    def __init__(self, per_step: int) -> None:
+    def __init__(self, per_step: int, pool: int | None = None) -> None:
         self.per_step = max(0, per_step)
-        self._held: list[Completion] = []
+        self.pool = pool if pool is not None else 16 * self.per_step
+        """At most this many completions wait (the oldest prompts' go first)."""
+        self._held: dict[int, list[Completion]] = {}  # prompt index -> its completions, prompts oldest first
+        self._n = 0
 
     def add(self, completions: Sequence[Completion]) -> None:
-        room = self.per_step - len(self._held)
-        if room > 0:
-            self._held.extend(completions[:room])
+        if not self.per_step:
+            return
+        for c in completions:
+            self._held.setdefault(c.prompt_index, []).append(c)
+            self._n += 1
+        while self._n > self.pool:  # prompts never trained on (dropped, lost) age out
+            self._n -= len(self._held.pop(next(iter(self._held))))
 
-    def take(self) -> list[dict[str, Any]]:
-        """The held completions as rows (without `step`: the logger adds it), and empty the sample."""
-        rows = [c.row() for c in self._held]
-        self._held = []
-        return rows
+    def take(self, prompts: Iterable[int]) -> list[dict[str, Any]]:
+        """Up to `per_step` completions of `prompts` (the step's trained prompt indices), one per prompt
+        first, as rows (without `step`: the logger adds it); every completion of those prompts leaves."""
+        per_prompt = [self._held.pop(p) for p in dict.fromkeys(prompts) if p in self._held]
+        self._n -= sum(map(len, per_prompt))
+        rows: list[dict[str, Any]] = []
+        for i in range(max(map(len, per_prompt), default=0)):
+            rows += [cs[i].row() for cs in per_prompt if i < len(cs)]
+        return rows[:self.per_step]
+
+
+def trained_prompts(batches: Iterable[Any]) -> list[int]:
+    """The prompt index of each trained group (a group's `group_ids` are its prompt's index)."""
+    return [int(b.group_ids[0]) for b in batches if b.group_ids is not None and len(b.group_ids)]

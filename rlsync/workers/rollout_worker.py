@@ -183,7 +183,8 @@ class RolloutWorker:
         g, tok = self.rollout_cfg.group_size, self.task.tokenizer
         return [Completion(prompt=prompts[i // g].text, response=tok.decode(out.response_ids[i]),
                            reward=float(rewards[i]), version=out.version, worker=self.worker_id,
-                           prompt_index=prompts[i // g].index, response_tokens=len(out.response_ids[i]))
+                           prompt_index=prompts[i // g].index, response_tokens=len(out.response_ids[i]),
+                           finished=out.response_ids[i][-1:] == [tok.eos_token_id])
                 for i in pick_samples(len(out.response_ids), g, k)]
 
     def evaluate(self, prompts: list, min_version: int) -> dict[str, float]:

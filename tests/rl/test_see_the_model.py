@@ -27,7 +27,7 @@ def test_completions_and_worker_logs_of_a_real_run(ray_address, tiny_cfg):
         p = task.prompt_at(r["prompt_index"])
         assert r["prompt"] == p.text and re.fullmatch(f"[{task.config.symbols}]*", r["response"])
         ids = task.tokenizer.encode(r["response"])
-        ids += [task.tokenizer.eos_token_id] * (r["response_tokens"] == len(ids) + 1)  # it ended with <eos>
+        ids += [task.tokenizer.eos_token_id] * r["finished"]  # it ended with <eos> (decode drops it)
         if len(ids) == r["response_tokens"]:  # no special token sampled mid-answer (decode drops those)
             checked += 1
             assert r["reward"] == task.score(p, ids)

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from rlsync.telemetry.completions import COMPLETION_COLUMNS, Completion, CompletionSample, pick_samples
+from rlsync.telemetry.completions import COMPLETION_COLUMNS, Completion, CompletionSample, pick_samples, trained_prompts
 from rlsync.telemetry.loggers import RUN_CONFIG_FILE, LoggingConfig, WandbLogger, make_logger, read_jsonl
 
 
@@ -19,17 +19,33 @@ def test_pick_samples_takes_one_per_prompt_group_first():
     assert pick_samples(n_samples=8, group_size=4, k=0) == []
 
 
-def test_the_sample_keeps_at_most_per_step_until_taken():
+def test_a_step_takes_completions_of_the_prompts_it_trained_on_one_per_prompt_first():
     s = CompletionSample(per_step=3)
-    s.add([_c(0), _c(1)])
-    s.add([_c(2), _c(3)])  # one more fits, the rest is not kept
-    rows = s.take()
-    assert [r["prompt"] for r in rows] == ["p0", "p1", "p2"]
-    assert s.take() == []  # taken: the next step starts empty
+    s.add([_c(0, prompt_index=0), _c(1, prompt_index=0), _c(2, prompt_index=1)])
+    s.add([_c(3, prompt_index=2), _c(4, prompt_index=5)])
+    rows = s.take([2, 0, 0, 9])  # trained: prompts 2 and 0 (9 has no completion here)
+    assert [r["prompt"] for r in rows] == ["p3", "p0", "p1"]  # one per prompt first, then a second of prompt 0
     assert set(rows[0]) | {"step"} == set(COMPLETION_COLUMNS)
+    assert s.take([0, 2]) == []  # taken: gone
+    assert [r["prompt"] for r in s.take([1, 5])] == ["p2", "p4"]
     off = CompletionSample(per_step=0)
-    off.add([_c(0)])
-    assert off.take() == []
+    off.add([_c(0, prompt_index=0)])
+    assert off.take([0]) == []
+
+
+def test_completions_of_prompts_never_trained_on_age_out():
+    s = CompletionSample(per_step=2, pool=4)
+    s.add([_c(i, prompt_index=i) for i in range(6)])  # prompts 0 and 1 (the oldest) age out
+    assert s.take([0, 1]) == [] and [r["prompt"] for r in s.take([5, 4, 3])] == ["p5", "p4"]
+
+
+def test_trained_prompts_reads_each_groups_prompt_index():
+    import torch
+    from rlsync.core.batch import Batch
+    groups = [Batch(input_ids=torch.zeros(2, 3, dtype=torch.long), attention_mask=torch.ones(2, 3),
+                    response_mask=torch.ones(2, 3), old_logprobs=torch.zeros(2, 3), rewards=torch.zeros(2),
+                    versions=torch.zeros(2, dtype=torch.long), group_ids=torch.full((2,), p)) for p in (7, 3)]
+    assert trained_prompts(groups) == [7, 3]
 
 
 def test_rows_land_in_completions_jsonl_with_their_step(tmp_path):
