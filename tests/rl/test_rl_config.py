@@ -104,6 +104,8 @@ def test_every_hub_knob_is_reachable_from_the_run_config():
     ("model.kind=gpt5", "model.kind: unknown model loader 'gpt5'"),
     ("pools.main.policy=sometimes", "pools.main.policy: unknown pool policy 'sometimes'; known: autoscale, fixed, spot"),
     ("trainer.algo.policy_loss=dpo", "trainer.algo.policy_loss: unknown policy loss 'dpo'"),
+    ("trainer.algo.policy_loss_args.correction=clip",
+     "trainer.algo.policy_loss_args.correction: unknown off-policy correction 'clip'; known: mask, tis"),
     ("trainer.algo.policy_loss=ppo_clip trainer.algo.policy_loss_args.kl_coef=0.1",
      "trainer.algo.policy_loss_args.kl_coef: not a field of PPOClipLoss.Config; valid: clip_eps,"),
     ("trainer/algo=custom +trainer.algo.policy_loss_args.clip_epss=0.3",
@@ -139,8 +141,8 @@ def test_algorithm_args_are_typed_per_algorithm_when_composed():
             _compose("+recipe=grpo_standalone", bad)
     assert unknown_override("trainer.algo.policy_loss_args.clip_epss=0.3") == (
         "unknown config key 'trainer.algo.policy_loss_args.clip_epss': trainer.algo.policy_loss_args has "
-        "(trainer/algo=grpo) clip_eps, clip_eps_high, entropy_coef, kl_coef, loss_agg, tis_cap; "
-        "(trainer/algo=ppo) clip_eps, clip_eps_high, entropy_coef, loss_agg, tis_cap")
+        "(trainer/algo=grpo) clip_eps, clip_eps_high, correct, correction, entropy_coef, kl_coef, loss_agg, tis_cap; "
+        "(trainer/algo=ppo) clip_eps, clip_eps_high, correct, correction, entropy_coef, loss_agg, tis_cap")
     assert unknown_override("trainer/algo=dpo") == "unknown algorithm trainer/algo=dpo; known: custom, grpo, ppo"
     assert unknown_override("trainer/algo=ppo") is None
 
