@@ -135,9 +135,9 @@ class TrainerBackend:
         temp = self.config.temperature
         if self.ref_model is not None and self.policy_loss.needs_ref:
             extra["ref"], _ = token_logprobs(self.ref_model, batch.input_ids, batch.attention_mask, temperature=temp)
-        # Tokens sampled by an older version than ours (stale or mixed-version samples) are corrected.
+        # Tokens sampled by an older version than ours (of mixed-version samples, by default) are corrected.
         stale = batch.versions_per_token() < self.version
-        corrected = self.policy_loss.corrected_tokens(batch.response_mask, stale)
+        corrected = self.policy_loss.corrected_tokens(batch.response_mask, stale, batch.span_counts() > 1)
         several = self.config.ppo_epochs * self.config.num_mini_batches > 1
         extra.update(_version_metrics(batch, corrected))
         if bool(corrected.any()) or several:

@@ -14,9 +14,9 @@ this step, `prox_logprobs`, computed without grad), and the current policy being
 
 That is decoupled PPO (Hilton et al. 2022; AReaL) with truncated importance sampling on the behaviour
 ratio (Yao et al. 2025). The trainer passes `prox_logprobs` only when the batch has tokens to correct
-(`correct=stale`: tokens sampled by a version older than the trainer's); for the other tokens it
-passes the behaviour log-prob itself (ρ = 1: their behaviour policy *is* the proximal one), so an
-on-policy token is plain PPO against μ, and an on-policy batch costs no extra forward.
+(`correct=mixed`, the default: the older-version tokens of samples that span a weight switch;
+`stale`: every older-version token); for the other tokens it passes the behaviour log-prob itself
+(ρ = 1), so they are plain PPO clipped against μ, and a batch without such tokens costs no extra forward.
 Without `prox_logprobs` the clip is against the behaviour policy directly (standard PPO).
 """
 
@@ -45,9 +45,11 @@ class PolicyLoss:
         tis_cap: float | None = 2.0
         """C, the cap on the per-token ratio π_prox/μ; None turns the correction off
         (as `correction=none`)."""
-        correct: str = "stale"
-        """Tokens corrected: `stale` (sampled by a version older than the trainer's: stale and mixed-version
-        samples) or `all` (every token, also the engine-vs-trainer numerics gap: the pre-issue-32 `tis_cap`)."""
+        correct: str = "mixed"
+        """Tokens corrected: `mixed` (the older-version tokens of samples that span a weight switch), `stale`
+        (every token sampled by a version older than the trainer's, also of single-version stale samples) or
+        `all` (every token, also the engine-vs-trainer numerics gap: the pre-issue-32 `tis_cap`). Uncorrected
+        tokens are clipped against their behaviour log-prob (docs/rl.md: why `mixed` is the default)."""
         entropy_coef: float = 0.0
         """Weight of an entropy bonus (subtracted from the loss)."""
         loss_agg: str = "token_mean"
@@ -55,8 +57,8 @@ class PolicyLoss:
 
     def __init__(self, config: "PolicyLoss.Config | None" = None):
         self.config = c = config if config is not None else self.Config()
-        if c.correct not in ("stale", "all"):
-            raise ValueError(f"policy_loss_args.correct={c.correct!r}: must be stale or all")
+        if c.correct not in ("mixed", "stale", "all"):
+            raise ValueError(f"policy_loss_args.correct={c.correct!r}: must be mixed, stale or all")
         self.correction: OffPolicyCorrection | None = (
             None if c.correction == "none" or c.tis_cap is None else get_correction(c.correction)(c.tis_cap))
 
@@ -71,12 +73,16 @@ class PolicyLoss:
         batch that has any (`corrected_tokens`)."""
         return self.correction is not None
 
-    def corrected_tokens(self, response_mask: torch.Tensor, stale: torch.Tensor) -> torch.Tensor:
-        """[B, T] bool: the tokens the correction weighs, given `stale` (sampled by an older version)."""
+    def corrected_tokens(self, response_mask: torch.Tensor, stale: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:
+        """[B, T] bool: the tokens the correction weighs, given `stale` [B, T] (sampled by an older version
+        than the trainer's) and `mixed` [B] (the sample spans more than one version)."""
         m = response_mask.bool()
         if self.correction is None:
             return torch.zeros_like(m)
-        return m if self.config.correct == "all" else m & stale.bool()
+        if self.config.correct == "all":
+            return m
+        older = m & stale.bool()
+        return older if self.config.correct == "stale" else older & mixed.bool().view(-1, 1)
 
     def __call__(
         self,

@@ -6,8 +6,9 @@ versions old. Two numbers bound it:
 - k (`rollout.max_staleness`): how far ahead generation runs. A request for step t starts from
   version >= t - k (k = 0: synchronous, every request waits for the weights being trained).
 - cap (`rollout.max_off_policy_versions`, >= k; None: max(k, 4)): the oldest sample the trainer still
-  takes. Anything up to cap versions old is trained (the loss corrects it with truncated importance
-  sampling, trainer/policy_loss.py); older groups are dropped and counted.
+  takes. Anything up to cap versions old is trained (the loss's per-token ratio against the behaviour
+  log-probs, and truncated IS on mixed-version samples: trainer/policy_loss.py); older groups are
+  dropped and counted.
 
     bound = StalenessBound(k=1, cap=2)
     bound.min_version(step=5)          # 4: a rollout for step 5 may use version 4 or newer

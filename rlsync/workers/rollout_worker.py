@@ -51,7 +51,7 @@ class RolloutConfig:
     Until issue 32 it was also the drop rule; that is now `max_off_policy_versions`."""
     max_off_policy_versions: int | None = field(default=None, metadata={"ge": 0})
     """Version-age cap: a sample whose oldest token's version v is trained at step s with s - v > cap is dropped
-    (counted, `staleness/dropped`); younger ones are trained, corrected by the loss (truncated IS). Must be
+    (counted, `staleness/dropped`); younger ones are trained, corrected by the loss (trainer/policy_loss.py). Must be
     >= max_staleness. None: max(max_staleness, 4). Set it to max_staleness for the old drop rule."""
     eager_fetch: bool = False
     """Also fetch `latest` when a newer version exists and the bound does not require it yet."""

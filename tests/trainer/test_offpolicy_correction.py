@@ -57,7 +57,7 @@ def test_grpo_applies_the_same_correction_and_none_or_no_cap_turns_it_off():
         assert loss_fn(**kw)[0].item() == pytest.approx((-1.1 + 1.0 - 0.5 - 1.2) / 4, abs=1e-6)
     with pytest.raises(UnknownNameError, match="unknown off-policy correction 'clip'"):
         build_policy_loss("grpo", correction="clip")
-    with pytest.raises(ValueError, match="correct='some': must be stale or all"):
+    with pytest.raises(ValueError, match="correct='some': must be mixed, stale or all"):
         build_policy_loss("grpo", correct="some")
 
 
@@ -85,3 +85,16 @@ def test_the_trainer_corrects_only_tokens_sampled_by_an_older_version(tiny):
     assert bool((extra["prox"][corrected] - mixed.old_logprobs[corrected] - 1.0).abs().lt(1e-5).all())
     m = backend.train_step(mixed)
     assert m["offpolicy/clip_frac"] == 1.0 and m["offpolicy/mixed_sample_frac"] == 0.5
+
+
+def test_a_whole_stale_sample_is_corrected_only_with_correct_stale(tiny):
+    _, model = tiny
+    batch = synthetic_batch(model, version=4)      # every token one version old, no sample spans a switch
+    for correct, frac in (("mixed", 0.0), ("stale", 1.0), ("all", 1.0)):
+        backend = TorchBackend(TorchBackend.Config(policy_loss="grpo", policy_loss_args={"correct": correct}),
+                               copy.deepcopy(model))
+        backend.version = 5
+        _, extra = backend.prepare(batch)
+        assert extra["offpolicy/corrected_token_frac"] == frac and (("prox" in extra) == bool(frac)), correct
+    fresh = synthetic_batch(model, version=5)
+    assert backend.prepare(fresh)[1]["offpolicy/corrected_token_frac"] == 1.0   # all: fresh tokens too

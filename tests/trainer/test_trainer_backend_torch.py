@@ -60,7 +60,7 @@ def test_batch_validation():
 
 def test_staleness_metrics_and_truncated_is(tiny):
     _, model = tiny
-    backend = TorchBackend(TorchBackend.Config(policy_loss="grpo", policy_loss_args={"tis_cap": 2.0}),
+    backend = TorchBackend(TorchBackend.Config(policy_loss="grpo", policy_loss_args={"tis_cap": 2.0, "correct": "stale"}),
                            copy.deepcopy(model))
     backend.version = 5
     batch = synthetic_batch(model, version=3)
