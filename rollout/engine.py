@@ -22,7 +22,7 @@ from typing import ClassVar, Mapping
 
 import torch
 
-from rlsync.core.batch import Batch
+from rlsync.core.batch import Batch, oldest_versions
 from rlsync.core.engine_caps import EngineCaps
 from rlsync.core.logprobs import token_logprobs
 
@@ -51,12 +51,18 @@ class Rollout:
     """Each response's tokens, up to and including the end token if one was sampled."""
     version: int
     """Weight version that generated these responses."""
+    token_versions: torch.Tensor | None = None
+    """[B, T] long: the weight version that sampled each response token (the sample's version elsewhere);
+    None = every token from `version`."""
 
     def to_batch(self, rewards: torch.Tensor, group_ids: torch.Tensor | None = None) -> Batch:
-        b = self.input_ids.shape[0]
+        """The trainer's `Batch`: per-token versions always set, each sample's `versions` the oldest of them."""
+        own = torch.full((self.input_ids.shape[0],), self.version, dtype=torch.long)
+        tv = (self.token_versions.long() if self.token_versions is not None
+              else own.view(-1, 1).expand_as(self.input_ids).clone())
         return Batch(input_ids=self.input_ids, attention_mask=self.attention_mask, response_mask=self.response_mask,
                      old_logprobs=self.logprobs, rewards=rewards, group_ids=group_ids,
-                     versions=torch.full((b,), self.version, dtype=torch.long))
+                     versions=oldest_versions(tv, self.response_mask, own), token_versions=tv)
 
 
 class RolloutEngine:

@@ -1,7 +1,8 @@
 """rlsync.trainer: the policy/critic update — losses, advantage estimators, optimizer backends.
 
 Importing the package registers the built-ins (grpo, gae, rloo estimators; grpo, ppo_clip policy
-losses; the clipped value loss; the torch and deepspeed backends). See docs/trainer.md.
+losses; the tis and mask off-policy corrections; the clipped value loss; the torch and deepspeed
+backends). See docs/trainer.md.
 Room rule: imports `rlsync.core`, never `rlsync.rollout`, the hub or driver files (pyproject's
 import-linter contracts, checked by tests/test_rooms.py).
 """
@@ -9,7 +10,8 @@ import-linter contracts, checked by tests/test_rooms.py).
 from rlsync.core.batch import Batch, BatchError
 from rlsync.core.logprobs import critic_values, token_logprobs
 
-from . import adv_gae, adv_grpo, adv_rloo, loss_grpo, loss_ppo_clip, loss_value  # noqa: F401  (registers)
+from . import (adv_gae, adv_grpo, adv_rloo, correction_mask, correction_tis, loss_grpo, loss_ppo_clip,  # noqa: F401
+               loss_value)  # (registers)
 from .advantage import AdvantageEstimator, build_adv_est
 from .backend import OptimizerConfig, TrainerBackend
 from .backend_deepspeed import DeepSpeedBackend

@@ -43,7 +43,7 @@ class GRPO(TrainerBackend.Config):
     policy_loss: str = "grpo"
     """Registered policy loss; its args are typed as GRPOLoss.Config."""
     policy_loss_args: GRPOLoss.Config = field(default_factory=GRPOLoss.Config)
-    """clip_eps, clip_eps_high, tis_cap, entropy_coef, loss_agg, kl_coef."""
+    """clip_eps, clip_eps_high, correction, tis_cap, correct, entropy_coef, loss_agg, kl_coef."""
 
 
 @ALGORITHMS.register("ppo")
@@ -58,7 +58,7 @@ class PPO(TrainerBackend.Config):
     policy_loss: str = "ppo_clip"
     """Registered policy loss; its args are typed as PPOClipLoss.Config."""
     policy_loss_args: PPOClipLoss.Config = field(default_factory=PPOClipLoss.Config)
-    """clip_eps, clip_eps_high, tis_cap, entropy_coef, loss_agg."""
+    """clip_eps, clip_eps_high, correction, tis_cap, correct, entropy_coef, loss_agg."""
     value_loss_args: ClippedValueLoss.Config = field(default_factory=ClippedValueLoss.Config)
     """Clipped value loss: clip, coef."""
 

@@ -9,8 +9,9 @@ and handing out the weights differ, and those are the abstract methods:
     backend.named_parameters_for_sync()   # name -> tensor the hub publishes as `version`
 
 One `train_step`: (no grad) reference log-probs if the loss has a KL term, proximal log-probs if it
-corrects stale samples, critic values and advantages if the batch has none; then `ppo_epochs` ×
-`num_mini_batches` optimizer steps of the policy (and the critic, for PPO).
+corrects tokens of the batch sampled by older versions (per token, `Batch.versions_per_token()`),
+critic values and advantages if the batch has none; then `ppo_epochs` × `num_mini_batches` optimizer
+steps of the policy (and the critic, for PPO).
 
 Simplifies: the whole batch fits in memory at once (no micro-batch gradient accumulation).
 """
@@ -128,15 +129,26 @@ class TrainerBackend:
     # ---- the step, shared -----------------------------------------------------------------------
     @torch.no_grad()
     def prepare(self, batch: Batch) -> tuple[Batch, dict[str, torch.Tensor]]:
-        """No-grad passes: fills values/advantages/returns; returns (batch, {"ref": lp, "prox": lp})."""
+        """No-grad passes: fills values/advantages/returns; returns (batch, extra): extra holds "ref" and "prox"
+        log-probs when needed, and the batch's `offpolicy/*` metrics (scalars)."""
         extra: dict[str, torch.Tensor] = {}
         temp = self.config.temperature
         if self.ref_model is not None and self.policy_loss.needs_ref:
             extra["ref"], _ = token_logprobs(self.ref_model, batch.input_ids, batch.attention_mask, temperature=temp)
-        if self.policy_loss.needs_prox or self.config.ppo_epochs * self.config.num_mini_batches > 1:
-            # Several optimizer steps per batch: clip against the weights at the start of the step.
+        # Tokens sampled by an older version than ours (of mixed-version samples, by default) are corrected.
+        stale = batch.versions_per_token() < self.version
+        corrected = self.policy_loss.corrected_tokens(batch.response_mask, stale, batch.span_counts() > 1)
+        several = self.config.ppo_epochs * self.config.num_mini_batches > 1
+        extra.update(_version_metrics(batch, corrected))
+        if bool(corrected.any()) or several:
+            # Clip against the weights at the start of the step (several optimizer steps, or decoupled PPO).
             self.policy.eval()
-            extra["prox"], _ = token_logprobs(self.policy, batch.input_ids, batch.attention_mask, temperature=temp)
+            prox, _ = token_logprobs(self.policy, batch.input_ids, batch.attention_mask, temperature=temp)
+            if self.policy_loss.needs_prox:  # uncorrected tokens: prox = their behaviour log-prob (ρ = 1)
+                _, m = self.policy_loss.correction(prox, batch.old_logprobs, corrected)
+                extra.update(m)
+                prox = torch.where(corrected, prox, batch.old_logprobs)
+            extra["prox"] = prox
         if self.adv_est.needs_values and batch.values is None:
             self.critic.eval()
             batch = batch.replace(values=critic_values(self.critic, batch.input_ids, batch.attention_mask))
@@ -186,6 +198,7 @@ class TrainerBackend:
         self.version += 1
         out = {k: v / n for k, v in sums.items()}
         out["logprob_gap"] = float("nan") if gap is None else gap
+        out.update({k: float(v) for k, v in extra.items() if k.startswith("offpolicy/")})
         out.update(self._batch_metrics(batch))
         out["step_time_s"] = time.perf_counter() - t0
         return out
@@ -233,6 +246,15 @@ class TrainerBackend:
     def load_optimizer_state(self, path: str) -> bool:
         """Optimizer state only (no weights) from checkpoint `path`; False if this backend cannot."""
         return False
+
+
+def _version_metrics(batch: Batch, corrected: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Share of samples whose tokens span several versions, spans per sample, share of response tokens corrected
+    (`offpolicy/clip_frac` and `offpolicy/weight_mean` come from the correction, when it ran)."""
+    spans = batch.span_counts().float()
+    return {"offpolicy/mixed_sample_frac": (spans > 1).float().mean(), "offpolicy/spans_per_sample": spans.mean(),
+            "offpolicy/corrected_token_frac": masked_mean(corrected.float(), batch.response_mask),
+            "offpolicy/clip_frac": torch.zeros(()), "offpolicy/weight_mean": torch.ones(())}
 
 
 def _first_of_each_group(group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from rlsync.core.registry import DuplicateNameError, Registry, UnknownNameError
 
-__all__ = ["ADV_ESTIMATORS", "BACKENDS", "DuplicateNameError", "POLICY_LOSSES", "Registry", "UnknownNameError",
-           "VALUE_LOSSES", "get_adv_est", "get_backend", "get_policy_loss", "get_value_loss", "register_adv_est",
-           "register_backend", "register_policy_loss", "register_value_loss"]
+__all__ = ["ADV_ESTIMATORS", "BACKENDS", "CORRECTIONS", "DuplicateNameError", "POLICY_LOSSES", "Registry",
+           "UnknownNameError", "VALUE_LOSSES", "get_adv_est", "get_backend", "get_correction", "get_policy_loss",
+           "get_value_loss", "register_adv_est", "register_backend", "register_correction", "register_policy_loss",
+           "register_value_loss"]
 
 ADV_ESTIMATORS: Registry = Registry("advantage estimator")
 POLICY_LOSSES: Registry = Registry("policy loss")
@@ -25,6 +26,11 @@ register_policy_loss = POLICY_LOSSES.register
 get_policy_loss = POLICY_LOSSES.get
 register_value_loss = VALUE_LOSSES.register
 get_value_loss = VALUE_LOSSES.get
+
+CORRECTIONS: Registry = Registry("off-policy correction")
+"""Per-token off-policy corrections a policy loss applies (`policy_loss_args.correction`): `tis`, `mask`."""
+register_correction = CORRECTIONS.register
+get_correction = CORRECTIONS.get
 
 BACKENDS: Registry = Registry("trainer backend")
 """Optimizer backends (`trainer.backend`): `torch` (plain torch, DDP), `deepspeed` (ZeRO)."""

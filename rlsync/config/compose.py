@@ -124,12 +124,14 @@ def check_config(cfg: TrainConfig) -> TrainConfig:
     from rlsync.pool.policies import POOL_POLICIES
     from rlsync.rollout import ENGINES, MODEL_LOADERS
     from rlsync.rollout.tasks import TASKS
-    from rlsync.trainer.registry import ADV_ESTIMATORS, BACKENDS, POLICY_LOSSES, VALUE_LOSSES
+    from rlsync.trainer.registry import ADV_ESTIMATORS, BACKENDS, CORRECTIONS, POLICY_LOSSES, VALUE_LOSSES
 
     t, a = cfg.trainer, cfg.trainer.algo
     BACKENDS.check(t.backend, "trainer.backend")
     ADV_ESTIMATORS.check(a.adv_est, "trainer.algo.adv_est")
     POLICY_LOSSES.check(a.policy_loss, "trainer.algo.policy_loss")
+    if (corr := a.policy_loss_args.get("correction", "none")) != "none":
+        CORRECTIONS.check(corr, "trainer.algo.policy_loss_args.correction")
     ENGINES.check(cfg.rollout.engine, "rollout.engine")
     MODEL_LOADERS.check(cfg.model.kind, "model.kind")
     TASKS.check(cfg.task.name, "task.name")

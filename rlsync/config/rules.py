@@ -84,6 +84,9 @@ def check_values(cfg: Any) -> None:
     if t.algo.adv_est in GROUP_ESTIMATORS and r.group_size < 2:
         raise ConfigError(f"rollout.group_size={r.group_size}: must be >= 2 with trainer.algo.adv_est="
                           f"{t.algo.adv_est} (it compares each response with the rest of its group)")
+    if r.max_off_policy_versions is not None and r.max_off_policy_versions < r.max_staleness:
+        raise ConfigError(f"rollout.max_off_policy_versions={r.max_off_policy_versions}: must be >= rollout.max_staleness="
+                          f"{r.max_staleness} (requests start up to max_staleness versions ahead)")
     if sum(p.size for p in cfg.pools.values()) < 1:
         raise ConfigError(f"pools: {', '.join(f'{n}.size={p.size}' for n, p in cfg.pools.items()) or 'none'}: "
                           "at least one rollout worker is needed (pools.<name>.size >= 1)")

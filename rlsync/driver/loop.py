@@ -84,7 +84,7 @@ class Driver:
         self.cfg = check_config(with_plugins(dataclasses.replace(cfg, run_dir=str(run_dir))))
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.bound = StalenessBound(cfg.rollout.max_staleness)
+        self.bound = StalenessBound(cfg.rollout.max_staleness, cfg.rollout.max_off_policy_versions)
         self.n_rollout = sum(p.size for p in cfg.pools.values())
         r = cfg.rollout
         self.ppr = r.prompts_per_request or max(1, -(-r.prompts_per_step // max(1, self.n_rollout)))
@@ -242,13 +242,11 @@ class Driver:
             # 2. start a train step when the trainer is free and a fresh batch is buffered
             if train_refs is None and not self._stop_requested.is_set():
                 took = buf.take(step, r.prompts_per_step, self.bound)
-                step_stats["staleness/dropped"] += took.dropped_samples
+                for k, v in took.metrics(step).items():  # dropped, generated; mean and max of the batch taken
+                    step_stats[k] += v
                 if took.payloads:
                     self._batch = took.payloads  # kept: a step lost with a trainer rank is trained again
                     train_refs, train_started = self._start_train(step), time.monotonic()
-                    stale = [step - v for v in took.versions]
-                    step_stats["staleness/mean"] = sum(stale) / len(stale)
-                    step_stats["staleness/max"] = max(stale)
                     rewards = torch.cat([b.rewards for b in took.payloads])
                     step_stats["reward/mean"] = float(rewards.mean())
                     step_stats["reward/max_group_mean"] = max(float(b.rewards.mean()) for b in took.payloads)
@@ -290,7 +288,8 @@ class Driver:
                         raise RunError(f"more than {c.max_failed_requests} rollout requests failed") from e
                     continue
                 for version, b in self.schedule.results(req, res):  # lockstep: the whole step, in chunk order
-                    buf.add(version, b, samples=len(b))
+                    buf.add(version, b, samples=len(b))  # a group is as old as its oldest token
+                    trace.mixed_samples(key, pool, b)
                 texts.add(res.completions)
                 step_stats["timing_s/generate"] += res.generate_s
                 continue
@@ -373,9 +372,10 @@ class Driver:
         }
         if "kl" in tm:
             out["kl/ref"] = tm["kl"]
-        for k in ("value_loss", "critic_grad_norm", "tis_weight_mean", "ratio_mean", "sync/trainer_gathered_bytes"):
+        for k in ("value_loss", "critic_grad_norm", "ratio_mean", "sync/trainer_gathered_bytes"):
             if k in tm:
                 out[f"loss/{k}" if k == "value_loss" else k] = tm[k]
+        out.update({k: v for k, v in tm.items() if k.startswith("offpolicy/")})  # trainer/policy_loss.py
         if "logprob_gap" in tm:  # rollout engine's log-probs vs the trainer's, same weights (docs/vllm.md)
             out["rollout/logprob_gap"] = tm["logprob_gap"]
         out.update({k: v for k, v in stats.items() if k not in out})

@@ -69,7 +69,8 @@ class AsyncSchedule:
                    Request(pool, key, prompts))
 
     def results(self, req: Request, res: Any) -> list[tuple[int, Any]]:
-        return [(res.version, g) for g in res.groups]
+        """Each group with its oldest token's version (an engine may switch versions mid-sample)."""
+        return [(int(g.versions.min()), g) for g in res.groups]
 
     def lost(self, req: Request) -> int:
         return len(req.prompts)
@@ -130,7 +131,7 @@ class LockstepSchedule:
         self.done[req.slot] = res
         if len(self.done) < len(self.chunks):
             return []
-        return [(self.done[j].version, g) for j in range(len(self.chunks)) for g in self.done[j].groups]
+        return [(int(g.versions.min()), g) for j in range(len(self.chunks)) for g in self.done[j].groups]
 
     def lost(self, req: Request) -> int:
         """A failed call: its chunk is handed out again (same prompts, same seed). No prompt is lost."""

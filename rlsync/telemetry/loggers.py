@@ -5,11 +5,9 @@
     logger.log_rows("completions", [{"prompt": "2+2", "response": "4", "reward": 1.0}], step=7)
     logger.close()
 
-Every backend implements `MetricLogger` (`log(metrics, step)`, `log_rows(table, rows, step)`, `close()`):
-rows of a table go to `RUN_DIR/<table>.jsonl` and a wandb table of that name. Code above this file calls
-one logger and never asks which backends are on (`NullLogger` when wandb is off, `MultiLogger` to fan
-out). The JSONL is the run's readable record: wandb 0.31 offline runs are binary `.wandb` files with
-no Python reader, and `python -m rlsync.report` reads the JSONL.
+Every backend implements `MetricLogger` (`log`, `log_rows(table, rows, step)`, `close`): a table's rows go
+to `RUN_DIR/<table>.jsonl` and a wandb table; callers never ask which backends are on. The JSONL is the
+run's readable record (wandb 0.31 offline runs are binary; `python -m rlsync.report` reads the JSONL).
 
 The stall dashboard is defined here as data (`STALL_DASHBOARD`). A wandb run (offline too) gets
 `define_metric` summaries and the dashboard spec in `RUN_DIR/wandb_dashboard.json`; workspace panels

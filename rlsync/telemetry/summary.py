@@ -12,6 +12,9 @@
   (one state: an HF engine receives straight into its live parameters, so transfer and apply are one);
 - events: only the ones that happened (preemptions, joins, workers attached, workers lost, trainer ranks
   lost or joined, failed rollout requests, samples dropped as too stale); "none" when nothing did;
+- off-policy (when the run logged it): samples dropped past the version-age cap as a share of samples
+  generated, mixed-version samples, spans per sample, tokens corrected, the correction's clip fraction,
+  and the engines' decode pause per update when they report `sync/decode_pause_s`;
 - time: wall seconds and weight bytes moved. A resumed run (`resume=auto`; RUN_DIR/parts.json, record.py) has
   one line per part (its steps, the step it resumed from, its wall time) and their sum; the learning and
   stall sections cover the whole run, since a resumed run's metrics.jsonl holds every step once.
@@ -117,6 +120,9 @@ def run_summary(rows: Sequence[Mapping[str, Any]], totals: Mapping[str, float] |
             happened.append((k.removeprefix("events/").replace("_", " "), f"{v:.0f}"))
     out["events"] = happened or [("none", "no preemption, join, failure or dropped sample")]
 
+    if off := _off_policy(rows, totals):
+        out["off-policy"] = off
+
     t = []
     if resumed:
         for p in parts:
@@ -131,6 +137,32 @@ def run_summary(rows: Sequence[Mapping[str, Any]], totals: Mapping[str, float] |
     sync = totals.get("sync/bytes", sum(float(r.get("sync/bytes", 0.0) or 0.0) for r in rows))
     t.append(("weight bytes fetched by workers", f"{sync / 1e6:.1f} MB"))
     out["time"] = t
+    return out
+
+
+def _off_policy(rows: Sequence[Mapping[str, Any]], totals: Mapping[str, float]) -> list[tuple[str, str]]:
+    """The off-policy section's items; empty when the run logged none of its keys."""
+    def col(k: str) -> list[float]:
+        return [float(r[k]) for r in rows if isinstance(r.get(k), (int, float)) and math.isfinite(float(r[k]))]
+
+    out = []
+    generated = sum(col("staleness/generated"))
+    if generated > 0:
+        dropped = float(totals.get("staleness/dropped_total", sum(col("staleness/dropped"))))
+        out.append(("samples dropped past the version-age cap",
+                    f"{dropped:.0f} of {generated:.0f} ({100 * dropped / generated:.2f}%)"))
+    if mixed := col("offpolicy/mixed_sample_frac"):
+        out.append(("mixed-version samples (mean per step)", f"{100 * _mean(mixed):.1f}%"))
+        out.append(("version spans per sample", f"{_mean(col('offpolicy/spans_per_sample')):.2f}"))
+    if corrected := col("offpolicy/corrected_token_frac"):
+        out.append(("tokens corrected (sampled by an older version)", f"{100 * _mean(corrected):.1f}%"))
+        # the clip fraction of the steps that corrected anything (the others report 0)
+        clip = [float(r["offpolicy/clip_frac"]) for r in rows
+                if r.get("offpolicy/corrected_token_frac", 0) and "offpolicy/clip_frac" in r]
+        out.append(("correction clip fraction (ratio beyond the cap)", f"{100 * _mean(clip):.2f}%" if clip else "-"))
+    if pause := col("sync/decode_pause_s"):  # engines that switch versions mid-generation report it
+        updates = sum(col("sync/engine_updates"))
+        out.append(("decode pause per update", f"{1e3 * sum(pause) / updates:.1f} ms" if updates else "-"))
     return out
 
 

@@ -2,8 +2,9 @@
 
 Layout (Chrome "JSON Object Format"): one process per role/pool ("rollout/spot", "trainer"), one
 thread (track) per worker, a complete slice ("ph": "X") per state interval, an instant ("ph": "i")
-per event (publish, fetch, ...) with its attrs as args, and the driver's steps as slices on a
-"driver" track. `ts`/`dur` are microseconds since the trace's `t0_ns` (kept in `otherData`).
+per event (publish, fetch, ...) with its attrs as args, an instant `mixed_version_sample` per sample
+whose tokens came from more than one weight version (its version spans), and the driver's steps as
+slices on a "driver" track. `ts`/`dur` are microseconds since the trace's `t0_ns` (kept in `otherData`).
 
 The file is streamed: events are appended as records arrive and flushed per `flush()`, so a
 crashed run still leaves a trace; `load_trace()` reads one that lacks its closing brackets.
@@ -163,6 +164,21 @@ class TraceWriter:
                 pid, tid = self._track(r.worker_id, r.role, r.pool)
                 self._write({"ph": "i", "s": "t", "name": r.name, "cat": "event", "pid": pid,
                              "tid": tid, "ts": self._us(r.ts_ns), "args": dict(r.attrs)})
+
+    def mixed_samples(self, worker_id: str, pool: str | None, batch: Any) -> int:
+        """An instant `mixed_version_sample` on the rollout worker's track for every sample of `batch` (a
+        `Batch`) whose response spans a weight switch, with its spans [[version, first, last], ...] (response
+        token indices, last inclusive) and its prompt group. Returns how many were written."""
+        rows = (batch.span_counts() > 1).nonzero().flatten().tolist()
+        if rows:
+            pid, tid = self._track(worker_id, "rollout", pool)
+            ts = self._us(now_ns())
+        for i in rows:
+            group = int(batch.group_ids[i]) if batch.group_ids is not None else None
+            self._write({"ph": "i", "s": "t", "name": "mixed_version_sample", "cat": "event", "pid": pid, "tid": tid,
+                         "ts": ts, "args": {"group": group, "version": int(batch.versions[i]),
+                                            "spans": [list(s) for s in batch.spans(i)]}})
+        return len(rows)
 
     def step(self, step: int, start_ns: int, end_ns: int, **args: Any) -> None:
         """The driver's step `step` as a slice on the driver track (args: version, reward, ...)."""

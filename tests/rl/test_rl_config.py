@@ -104,6 +104,8 @@ def test_every_hub_knob_is_reachable_from_the_run_config():
     ("model.kind=gpt5", "model.kind: unknown model loader 'gpt5'"),
     ("pools.main.policy=sometimes", "pools.main.policy: unknown pool policy 'sometimes'; known: autoscale, fixed, spot"),
     ("trainer.algo.policy_loss=dpo", "trainer.algo.policy_loss: unknown policy loss 'dpo'"),
+    ("trainer.algo.policy_loss_args.correction=clip",
+     "trainer.algo.policy_loss_args.correction: unknown off-policy correction 'clip'; known: mask, tis"),
     ("trainer.algo.policy_loss=ppo_clip trainer.algo.policy_loss_args.kl_coef=0.1",
      "trainer.algo.policy_loss_args.kl_coef: not a field of PPOClipLoss.Config; valid: clip_eps,"),
     ("trainer/algo=custom +trainer.algo.policy_loss_args.clip_epss=0.3",
@@ -139,8 +141,8 @@ def test_algorithm_args_are_typed_per_algorithm_when_composed():
             _compose("+recipe=grpo_standalone", bad)
     assert unknown_override("trainer.algo.policy_loss_args.clip_epss=0.3") == (
         "unknown config key 'trainer.algo.policy_loss_args.clip_epss': trainer.algo.policy_loss_args has "
-        "(trainer/algo=grpo) clip_eps, clip_eps_high, entropy_coef, kl_coef, loss_agg, tis_cap; "
-        "(trainer/algo=ppo) clip_eps, clip_eps_high, entropy_coef, loss_agg, tis_cap")
+        "(trainer/algo=grpo) clip_eps, clip_eps_high, correct, correction, entropy_coef, kl_coef, loss_agg, tis_cap; "
+        "(trainer/algo=ppo) clip_eps, clip_eps_high, correct, correction, entropy_coef, loss_agg, tis_cap")
     assert unknown_override("trainer/algo=dpo") == "unknown algorithm trainer/algo=dpo; known: custom, grpo, ppo"
     assert unknown_override("trainer/algo=ppo") is None
 
@@ -172,6 +174,9 @@ def test_enum_choices_and_unknown_keys_are_refused_with_the_choices():
     (["rollout.prompts_per_step=30", "trainer.world_size=4"],
      "rollout.prompts_per_step=30: must be a multiple of trainer.world_size=4"),
     (["rollout.group_size=1"], "rollout.group_size=1: must be >= 2 with trainer.algo.adv_est=grpo"),
+    (["rollout.max_off_policy_versions=-1"], "rollout.max_off_policy_versions=-1: must be >= 0"),
+    (["rollout.max_staleness=2", "rollout.max_off_policy_versions=1"],
+     "rollout.max_off_policy_versions=1: must be >= rollout.max_staleness=2"),
     (["pools.main.size=0"], "pools: main.size=0: at least one rollout worker is needed"),
     (["pools.main.engine.temperature=0.5"], "pools.main.engine.temperature=0.5: must equal trainer.algo.temperature=1.0"),
     (["resume=/nonexistent/ckpt"], "resume=/nonexistent/ckpt: must be auto, never or a checkpoint directory"),

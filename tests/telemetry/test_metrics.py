@@ -117,6 +117,10 @@ def test_engine_updates_sum_fetch_apply_pause_in_the_window():
     assert m["sync/fetch_s"] == pytest.approx(0.3) and m["sync/apply_s"] == pytest.approx(0.7)
     assert m["sync/pause_s"] == pytest.approx(0.8) and m["sync/engine_updates"] == 2
     assert "sync/pause_s" not in StepMetrics.compute([], 0, S).to_dict()  # hf engines: no such keys
+    assert "sync/decode_pause_s" not in m  # only engines that switch versions mid-generation report it
+    inflight = [Event("r0", "rollout", "main", "engine_update", int(0.5 * S), {"version": 2, "fetch_s": 0.2,
+                      "apply_s": 0.3, "pause_s": 0.0, "fetch_wait_s": 0.0, "decode_pause_s": 0.004})] * 2
+    assert StepMetrics.compute(inflight, 0, S).to_dict()["sync/decode_pause_s"] == pytest.approx(0.008)
 
 
 def test_explicit_sync_and_hub_stats():

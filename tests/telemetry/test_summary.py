@@ -61,3 +61,24 @@ def test_no_rows_is_an_empty_run_not_an_error():
 def test_a_wall_time_just_short_of_a_minute_boundary_rounds_into_the_next_minute():
     wall = {w: dict(run_summary(_rows()[:1], totals={}, wall_s=w)["time"])["wall time"] for w in (419.6, 359.5, 119.7, 59.6)}
     assert wall == {419.6: "7 min 0 s", 359.5: "6 min 0 s", 119.7: "2 min 0 s", 59.6: "60 s"}
+
+
+def test_the_off_policy_section_shares_dropped_of_generated_mixed_spans_clip_and_decode_pause():
+    rows = _rows()[:4]
+    for r, (gen, drop, mixed, spans, corr, clip) in zip(rows, [(256, 0, 0.0, 1.0, 0.0, 0.0), (256, 8, 0.5, 1.5, 0.2, 0.1),
+                                                              (256, 0, 0.25, 1.25, 0.1, 0.3), (232, 0, 0.0, 1.0, 0.0, 0.0)]):
+        r.update({"staleness/generated": gen, "staleness/dropped": drop, "offpolicy/mixed_sample_frac": mixed,
+                  "offpolicy/spans_per_sample": spans, "offpolicy/corrected_token_frac": corr,
+                  "offpolicy/clip_frac": clip})
+    s = run_summary(rows, totals={"staleness/dropped_total": 8})
+    assert dict(s["off-policy"]) == {
+        "samples dropped past the version-age cap": "8 of 1000 (0.80%)",
+        "mixed-version samples (mean per step)": "18.8%",            # (0 + 50 + 25 + 0) / 4
+        "version spans per sample": "1.19",                          # (1 + 1.5 + 1.25 + 1) / 4
+        "tokens corrected (sampled by an older version)": "7.5%",
+        "correction clip fraction (ratio beyond the cap)": "20.00%",  # steps that corrected: (0.1 + 0.3) / 2
+    }
+    rows[1].update({"sync/decode_pause_s": 0.006, "sync/engine_updates": 2.0})
+    rows[2].update({"sync/decode_pause_s": 0.003, "sync/engine_updates": 1.0})
+    assert dict(run_summary(rows, totals={})["off-policy"])["decode pause per update"] == "3.0 ms"
+    assert "off-policy" not in run_summary(_rows()[:3], totals={})  # a run that logged none of it

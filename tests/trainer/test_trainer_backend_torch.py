@@ -60,7 +60,7 @@ def test_batch_validation():
 
 def test_staleness_metrics_and_truncated_is(tiny):
     _, model = tiny
-    backend = TorchBackend(TorchBackend.Config(policy_loss="grpo", policy_loss_args={"tis_cap": 2.0}),
+    backend = TorchBackend(TorchBackend.Config(policy_loss="grpo", policy_loss_args={"tis_cap": 2.0, "correct": "stale"}),
                            copy.deepcopy(model))
     backend.version = 5
     batch = synthetic_batch(model, version=3)
@@ -70,7 +70,7 @@ def test_staleness_metrics_and_truncated_is(tiny):
     m = backend.train_step(batch)
     assert m["staleness_max"] == 2.0
     assert m["zero_spread_group_frac"] == 0.5
-    assert m["tis_truncated_frac"] == 1.0 and m["tis_weight_mean"] == pytest.approx(2.0)
+    assert m["offpolicy/clip_frac"] == 1.0 and m["offpolicy/weight_mean"] == pytest.approx(2.0)
     assert m["ratio_mean"] == pytest.approx(1.0, abs=1e-6)  # clipped against the proximal policy
 
 

@@ -51,13 +51,16 @@ def test_truncated_importance_sampling_weights_stale_tokens():
     old = torch.tensor([[-L(3.0), L(2.0)]])
     loss_fn = build_policy_loss("ppo_clip", tis_cap=2.0)
     assert loss_fn.needs_prox
-    loss, m = loss_fn(logprobs=prox.clone(), old_logprobs=old, advantages=torch.ones(1, 2),
+    loss, _ = loss_fn(logprobs=prox.clone(), old_logprobs=old, advantages=torch.ones(1, 2),
                       response_mask=torch.ones(1, 2), prox_logprobs=prox)
     assert loss.item() == pytest.approx(-(2.0 + 0.5) / 2, abs=1e-6)
-    assert m["tis_truncated_frac"] == pytest.approx(0.5)
-    assert m["tis_weight_mean"] == pytest.approx(1.25, abs=1e-6)
-    with pytest.raises(ValueError, match="prox_logprobs"):
-        loss_fn(logprobs=prox, old_logprobs=old, advantages=torch.ones(1, 2), response_mask=torch.ones(1, 2))
+    _, m = loss_fn.correction(prox, old, torch.ones(1, 2))
+    assert m["offpolicy/clip_frac"] == pytest.approx(0.5)
+    assert m["offpolicy/weight_mean"] == pytest.approx(1.25, abs=1e-6)
+    # without proximal log-probs (no token to correct) the loss is plain PPO against the behaviour policy
+    plain, _ = loss_fn(logprobs=prox.clone(), old_logprobs=old, advantages=torch.ones(1, 2),
+                       response_mask=torch.ones(1, 2))
+    assert plain.item() == pytest.approx(-(1.2 + 0.5) / 2, abs=1e-6)   # ratios 3 (clipped to 1.2) and 0.5
 
 
 def test_grpo_k3_kl_penalty():
