@@ -14,7 +14,7 @@ so every GRPO group has zero spread and there is no gradient (ENVIRONMENT.md).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from rlsync.core.registry import Registry
@@ -32,6 +32,8 @@ class Prompt:
     """Token ids fed to the model."""
     answer: Any
     """Ground truth for the verifier (target token ids, or a number)."""
+    info: dict[str, Any] = field(default_factory=dict)
+    """What else a multi-turn environment needs to play this prompt (e.g. the question to ask again)."""
 
 
 RewardFn = Callable[[Prompt, list[int], str], float]

@@ -12,6 +12,11 @@ Built in:
   over 12 symbols (vocab 16 with the specials); answer `z y x <eos>` (reverse) or each symbol's
   cyclic successor (successor), scored with partial credit (share of the 4 positions right).
 - `arithmetic`: "What is a + b?" for a real small instruct model (SmolLM2), scored on the number.
+- From the ecosystem (optional extras, `pip install -e .[tasks]`): `reasoning_gym` (any reasoning-gym
+  generator, task_reasoning_gym.py) and `verifiers` (a verifiers taskset/environment, task_verifiers.py).
+
+Multi-turn tasks (`multi_turn = True`) also open one `Environment` per sample (environment.py); the
+rollout worker's episode loop (episodes.py) alternates model and environment turns.
 
 Simplifies: one prompt format per task, no dataset files.
 """
@@ -19,12 +24,13 @@ Simplifies: one prompt format per task, no dataset files.
 from __future__ import annotations
 
 import random
+import string
 from dataclasses import dataclass
 from typing import Any
 
 from rlsync.core.registry import Registry
 
-from .rewards import Prompt, get_reward
+from .rewards import REWARDS, Prompt, get_reward
 from .tokenizer import CharTokenizer
 
 TASKS: Registry = Registry("task")
@@ -46,6 +52,12 @@ class Task:
         self.cursor = 0
         """Index of the next prompt `next_prompts` hands out."""
         self._reward = get_reward(self.config.reward)
+
+    @classmethod
+    def check_args(cls, args: dict[str, Any]) -> None:
+        """Refuse `task.args` this task cannot run with, naming the key (called when the run's config is
+        composed, before anything starts): here the reward's name; tasks add their own checks."""
+        REWARDS.check(args.get("reward", cls.Config.reward), "task.args.reward")
 
     def prompt_at(self, index: int) -> Prompt:
         """Prompt number `index` of the stream."""
@@ -70,6 +82,30 @@ class Task:
         if sd.get("seed", self.config.seed) != self.config.seed:
             raise ValueError(f"task state is from seed {sd['seed']}, this task has seed {self.config.seed}")
         self.cursor = int(sd["cursor"])
+
+
+def text_prompt(tokenizer: Any, text: str, *, chat_template: bool = True,
+                system: str | None = None) -> tuple[str, list[int]]:
+    """(text as the model sees it, its ids): in the tokenizer's chat template when asked and it has one
+    (instruct models), `<bos> text <sep>` for the tiny model's `CharTokenizer`, else the plain text."""
+    if isinstance(tokenizer, CharTokenizer):
+        return text, [tokenizer.bos_token_id, *tokenizer.encode(text), tokenizer.sep_token_id]
+    if chat_template and hasattr(tokenizer, "apply_chat_template"):
+        msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+        text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    return text, list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def decode_response(tokenizer: Any, ids: list[int]) -> str:
+    """A response's text without special tokens (`CharTokenizer.decode` stops at <eos> itself)."""
+    if isinstance(tokenizer, CharTokenizer):
+        return tokenizer.decode(ids)
+    return tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def text_tokenizer(tokenizer: Any) -> Any:
+    """The model's tokenizer, or for the tiny model one token per printable ASCII character."""
+    return tokenizer if tokenizer is not None else CharTokenizer(string.printable)
 
 
 def build_task(name: str, tokenizer: Any = None, **config: Any) -> Task:
@@ -144,13 +180,10 @@ class ArithmeticTask(Task):
         rng = self.rng_at(index)
         a, b = rng.randint(0, self.config.max_operand), rng.randint(0, self.config.max_operand)
         op = rng.choice(self.config.ops)
-        text = f"What is {a} {op} {b}? Answer with just the number."
-        if self.config.chat_template:
-            text = self.tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                                      add_generation_prompt=True)
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        return Prompt(index=index, text=text, prompt_ids=list(ids), answer=a + b if op == "+" else a - b)
+        question = f"What is {a} {op} {b}? Answer with just the number."
+        text, ids = text_prompt(self.tokenizer, question, chat_template=self.config.chat_template)
+        return Prompt(index=index, text=text, prompt_ids=ids, answer=a + b if op == "+" else a - b,
+                      info={"question": question})
 
     def score(self, prompt: Prompt, response_ids: list[int]) -> float:
-        text = self.tokenizer.decode(response_ids, skip_special_tokens=True)
-        return self._reward(prompt, response_ids, text)
+        return self._reward(prompt, response_ids, decode_response(self.tokenizer, response_ids))

@@ -43,7 +43,11 @@ def register_configs() -> None:
     from rlsync.trainer.algos import ALGORITHMS
 
     cs = ConfigStore.instance()
-    cs.store(name="rlsync_train", node=TrainConfig)
+    schema = OmegaConf.structured(TrainConfig)
+    # `task.args` holds the chosen task's own fields (checked against its Config by check_config): open, so
+    # `task.args.dataset=NAME` needs no `+` (a task's fields are not known when the schema is composed).
+    OmegaConf.set_struct(schema.task.args, False)
+    cs.store(name="rlsync_train", node=schema)
     for name in ALGORITHMS.names():  # `trainer/algo=grpo|ppo|custom`: typed args per algorithm (trainer/algos.py)
         cs.store(group="trainer/algo", name=name, node=ALGORITHMS.get(name)(optimizer=OptimizerConfig(lr=RUN_LR)))
     for name, path in recipe_files().items():
@@ -144,6 +148,7 @@ def check_config(cfg: TrainConfig) -> TrainConfig:
     _check_args("trainer.algo.policy_loss_args", POLICY_LOSSES.get(a.policy_loss).Config, a.policy_loss_args)
     _check_args("trainer.algo.value_loss_args", VALUE_LOSSES.get("clipped").Config, a.value_loss_args)
     cfg.task.args = task_args(cfg.task.name, cfg.task.args, TASKS.get(cfg.task.name).Config)
+    TASKS.get(cfg.task.name).check_args(dict(cfg.task.args))  # the task's own checks (a dataset's name, ...)
     check_values(cfg)  # bounds and rules across fields (rules.py)
     try:
         route_of(cfg)  # a weight-sync route serves this run (rlsync/sync/): else what to change

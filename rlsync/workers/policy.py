@@ -28,7 +28,8 @@ class ModelConfig:
 @dataclass(kw_only=True)
 class TaskConfig:
     name: str = "reverse"
-    """Registered task (reverse, successor, arithmetic)."""
+    """Registered task: reverse, successor, arithmetic, arithmetic_retry (multi-turn), reasoning_gym, verifiers
+    (docs/extending.md)."""
     seed: int = 0
     """Seed of the prompt stream (prompt i is a pure function of seed and i)."""
     args: dict[str, Any] = field(default_factory=dict)

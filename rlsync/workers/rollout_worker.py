@@ -34,6 +34,7 @@ import torch
 from rlsync.core.events import FetchEvent, JoinResult, RolloutResult
 from rlsync.core.stall import StallClock
 from rlsync.rollout.engine import RolloutEngine
+from rlsync.rollout.episodes import generate_scored
 from rlsync.sync import RunShape, Side, SyncConfig, choose_route
 from rlsync.telemetry.completions import Completion, pick_samples
 from rlsync.workers.policy import ModelConfig, TaskConfig, build_policy, special_ids
@@ -167,9 +168,7 @@ class RolloutWorker:
         if seed is not None:
             torch.manual_seed(seed)  # HF `generate` samples from the global generator
         with self.clock.state("generating"):
-            out = self.engine.generate([p.prompt_ids for p in prompts for _ in range(g)])
-            rewards = torch.tensor([self.task.score(prompts[i // g], r) for i, r in enumerate(out.response_ids)],
-                                   dtype=torch.float32)
+            out, rewards = generate_scored(self.engine, self.task, prompts, g)  # multi-turn: an episode loop
             group_ids = torch.tensor([p.index for p in prompts]).repeat_interleave(g)
             batch = out.to_batch(rewards, group_ids)
             if self.inject.generate_delay_s:
@@ -200,11 +199,11 @@ class RolloutWorker:
         cfg.do_sample = False
         try:
             with self.clock.state("generating"):
-                out = self.engine.generate([p.prompt_ids for p in prompts])
+                out, rewards = generate_scored(self.engine, self.task, prompts, 1)
         finally:
             cfg.do_sample = was
             self.clock.enter("idle")
-        r = [self.task.score(p, ids) for p, ids in zip(prompts, out.response_ids)]
+        r = rewards.tolist()
         return {"reward_mean": sum(r) / len(r), "accuracy": sum(x >= 1.0 for x in r) / len(r),
                 "version": float(out.version), "mean_response_tokens": sum(map(len, out.response_ids)) / len(r)}
 

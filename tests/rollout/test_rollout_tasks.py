@@ -56,7 +56,7 @@ def test_number_match_reward_and_registry():
     assert build_task("reverse", reward="test_always_half").score(p, [1]) == 0.5
     with pytest.raises(UnknownNameError, match="partial_match"):
         get_reward("nope")
-    with pytest.raises(KeyError, match="arithmetic, reverse, successor"):
+    with pytest.raises(KeyError, match="arithmetic, arithmetic_retry, reasoning_gym, reverse, successor, verifiers"):
         get_task("sort")
 
 
