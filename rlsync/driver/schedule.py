@@ -91,7 +91,7 @@ class LockstepSchedule:
     def workers(self, pools: Any) -> list[tuple[str, str, Any]]:
         """(pool, key, handle) of the configured pools' ready workers, in a fixed order (attached pools get
         no prompts: what they would sample would depend on when they joined)."""
-        from rlsync.pools.pool_set import Member
+        from rlsync.pool.pool_set import Member
 
         out = []
         for name, p in pools.pools.items():

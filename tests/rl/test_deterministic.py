@@ -9,7 +9,7 @@ from rlsync.config.schema import TrainConfig
 from rlsync.core.errors import ConfigError
 from rlsync.driver import Driver
 from rlsync.driver.schedule import sampling_seed
-from rlsync.pools.policies import PoolConfig
+from rlsync.pool.policies import PoolConfig
 from rlsync.telemetry.loggers import read_jsonl
 
 

@@ -10,7 +10,7 @@ from rlsync.config.schema import TrainConfig, as_dict
 from rlsync.driver import Driver
 from rlsync.driver.checkpoint import CheckpointStore
 from rlsync.export.__main__ import main as export_main
-from rlsync.pools.policies import PoolConfig
+from rlsync.pool.policies import PoolConfig
 from rlsync.rollout.models import ModelLoader
 from rlsync.rollout.registry import register_model_loader
 from rlsync.telemetry.loggers import RUN_CONFIG_FILE
