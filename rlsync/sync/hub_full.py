@@ -106,7 +106,8 @@ class HubReceiver(WeightReceiver):
         """An in-flight switch (a `SyncStats`): the pause is the swap; never moves the engine's version."""
         self.clock.event("engine_update", version=got.version, fetch_s=got.fetch_s, apply_s=got.apply_s,
                          pause_s=got.pause_s, fetch_wait_s=got.fetch_wait_s, in_flight=got.in_flight)
-        if getattr(got, "bytes_by_source", None):
+        if got.bytes_by_source:
+            self.follower.last_sources = dict(got.bytes_by_source)
             ev = FetchEvent.from_result(got, wid=self.hub.worker_id, dc=self.hub.location.dc)
             self.clock.event(FetchEvent.NAME, **ev.attrs())
 
@@ -132,6 +133,9 @@ class HubReceiver(WeightReceiver):
             latest = None
         if latest is None:
             return {}
+        if self.follower is not None:  # the follower fetches it (a second fetch here would race it)
+            self._ensure_inflight(latest)
+            return dict(self.follower.last_sources)
         got = self._fetch_latest()
         self._record(got, join=True)
         return dict(got.bytes_by_source)

@@ -32,6 +32,9 @@ class InflightFollower:
         self.staged = -1
         """Newest version staged (built beside the live weights, or fetched into the spare buffers)."""
         self.error: BaseException | None = None
+        self.last_sources: dict[str, int] = {}
+        """Hub worker id -> bytes it served to the last version staged (an engine that reads the hub itself
+        reports them with its switch: the receiver puts them here)."""
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -67,10 +70,11 @@ class InflightFollower:
 
     def _stage(self, version: int) -> int | None:
         if self.caps.staged:
-            return self.engine.stage_version(version)
+            return self.engine.stage_version(version)  # its sources come with its switch (`take_switches`)
         bufs = self.engine.next_buffers()
         r = self.hub.fetch(self.model, version, into=bufs)
         self.engine.offer_next(r.version)
+        self.last_sources = dict(r.bytes_by_source)
         ev = FetchEvent.from_result(r, wid=self.hub.worker_id, dc=self.hub.location.dc)
         self.clock.event(FetchEvent.NAME, **ev.attrs())
         return r.version
