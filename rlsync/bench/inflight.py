@@ -189,11 +189,14 @@ def run(rounds: int, batch: int, tokens: int, kv: str, soak: int) -> dict:
                 res[way][0] += int(out.response_mask.sum())
                 res[way][1] += gen_s + pause
             log.info("round %d/%d (load %s)", r + 1, rounds, _load())
-        # greedy after the last in-flight switch == after a drained apply of the same version
-        rl.stage.on_landed = build
-        rl.stage_version(trainer.publish())
+        # greedy after an in-flight switch == after a drained apply of the same version (loaded anew from staging)
+        t = publish_later(0.0, True)
+        engine.generate(prompts)
+        t.join()
+        rl.switch_prepared()  # when the build finished after the call's last step
+        rl.take_switches()
         engine.config.do_sample = False
-        greedy_inflight = engine.generate(prompts[:8])  # switches at its first step boundary
+        greedy_inflight = engine.generate(prompts[:8])
         v = engine.version
         names, specs, stream = rl.stage._staged_stream()
         engine.apply(stream, v, expect=names, specs=specs)
