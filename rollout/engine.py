@@ -6,10 +6,15 @@
     engine.named_parameters_for_sync()    # name -> live tensor (no copy): the hub writes into these
     engine.load_state(tensors, version=7) # or copy weights in from a mapping
     engine.sync_caps                      # EngineCaps: how weights may reach it (rlsync/sync/ reads this)
+    engine.start_inflight("keep")         # in flight: fetch into engine.next_buffers(), engine.offer_next(v);
+                                          # generate switches after a sampled token (out.token_versions)
 
 Log-probs: after sampling, the sequences are re-scored with the trainer's own
 `rlsync.core.logprobs.token_logprobs` (one extra forward), so an unchanged policy gives an
 importance ratio of 1 (to float rounding) on the trainer, whatever `generate`'s KV-cache numerics.
+
+In flight, a call that switched takes each token's log-prob from the step's own logits (the weights that
+sampled it; `output_logits`, B x T x vocab floats: fine for tiny models), not the one-forward re-score.
 
 Simplifies: one model, one process, fp32; no continuous batching (vLLM/SGLang are the adapters for GPUs).
 """

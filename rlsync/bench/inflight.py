@@ -3,7 +3,8 @@
     python -m rlsync.bench inflight [--rounds 5] [--batch 16] [--tokens 64] [--kv keep] [--soak 50] [--json F]
 
 One SmolLM2-135M vLLM engine (bf16, offline model directory), one embedded hub, a trainer client in the same
-process publishing the HF model's live fp32 tensors (no copy). Rounds interleave three ways of generating
+process publishing the HF model's live fp32 tensors (no copy; its next version is written before the round,
+untimed: only the publish, the fetch, the build and the swap fall inside a round). Rounds interleave three ways of generating
 one batch (`--batch` prompts x `--tokens` tokens), so load drifts hit all three alike:
 
 - none: no update;
@@ -67,7 +68,9 @@ class _Trainer:
         self.client.join(Location(host="h0"), name="trainer")
         self.version = 0
 
-    def publish(self) -> int:
+    def step(self) -> None:
+        """The next version's weights (an optimizer step's stand-in), written after releasing the last
+        version (the mutability contract). Untimed: the trainer's work, not the engine's update."""
         import torch
 
         if self.version:
@@ -80,8 +83,15 @@ class _Trainer:
                 if n == "model.norm.weight":
                     w = w * (0.6 + 0.1 * (self.version % 8))
                 p.copy_(w.to(torch.bfloat16).to(torch.float32))
+
+    def publish(self) -> int:
+        """Register the live tensors as the version (no copy): what happens inside a round."""
         self.client.publish("policy", self.version, self.params)
         return self.version
+
+    def next(self) -> int:
+        self.step()
+        return self.publish()
 
 
 def _spans_ok(out, old: int, new: int) -> bool:
@@ -140,7 +150,7 @@ def run(rounds: int, batch: int, tokens: int, kv: str, soak: int) -> dict:
         qs = [list(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
                                            tokenize=True, return_dict=True)["input_ids"]) for q in QUESTIONS]
         prompts = [qs[i % len(qs)] for i in range(batch)]
-        rl.stage_version(trainer.publish())
+        rl.stage_version(trainer.next())
         rl.apply_staged()  # v1, switched in between calls (warms the build path)
         engine.generate(prompts)  # warm-up
         res = {"none": [0, 0.0], "inflight": [0, 0.0], "drain": [0, 0.0]}
@@ -160,6 +170,8 @@ def run(rounds: int, batch: int, tokens: int, kv: str, soak: int) -> dict:
         for r in range(rounds):
             for way in ("none", "inflight", "drain"):
                 old = engine.version
+                if way != "none":
+                    trainer.step()  # untimed: the round publishes it
                 t = publish_later(0.2 * round_s, way == "inflight") if way != "none" and round_s else None
                 if way != "none" and t is None:
                     t = publish_later(0.0, way == "inflight")
@@ -190,6 +202,7 @@ def run(rounds: int, batch: int, tokens: int, kv: str, soak: int) -> dict:
                 res[way][1] += gen_s + pause
             log.info("round %d/%d (load %s)", r + 1, rounds, _load())
         # greedy after an in-flight switch == after a drained apply of the same version (loaded anew from staging)
+        trainer.step()
         t = publish_later(0.0, True)
         engine.generate(prompts)
         t.join()
@@ -206,6 +219,7 @@ def run(rounds: int, batch: int, tokens: int, kv: str, soak: int) -> dict:
         engine.config.do_sample, engine.config.max_new_tokens = True, 8
         soak_t0 = time.monotonic()
         for _ in range(soak):
+            trainer.step()
             t = publish_later(0.0, True)
             out = engine.generate(prompts)
             t.join()

@@ -17,6 +17,9 @@ inside the pause (`apply_staged` / `prefetch_latest` do nothing).
 The engine loads its own copy of the model (`model_dir`, default SmolLM2 prepared by
 `rollout.vllm.model_dir`); the loader's model, if any, is not used. Each update returns a
 `SyncStats` (fetch_s, apply_s, pause_s) the worker records as an `engine_update` event.
+In flight (`start_inflight`, EngineCaps.inflight; the receiver's `sync.inflight=true`): each version the
+stage fetches is built beside the live kernels in the fetch's thread (`VllmEngine.prepare`) and switched in
+at the next decode-step boundary; `take_switches` hands those switches to the receiver (docs/vllm.md).
 """
 from __future__ import annotations
 

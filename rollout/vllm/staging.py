@@ -3,6 +3,7 @@
     staging = fused_staging(layout)            # whole tensors; q/k/v, gate/up row blocks of fused buffers
     for name, t in checked_tensors(staging, manifest): ...   # each unit re-checked before it is handed out
     specs_of(manifest)                          # (name, shape) the direct apply plans with
+    Landing()                                   # which tensors of a fetch in progress are complete
 
 `rollout.vllm.stage.HubWeightStage` uses these; `rollout.vllm.transfer_backend` (vLLM's weight-transfer backend) too.
 """
