@@ -6,10 +6,15 @@
     engine.named_parameters_for_sync()    # name -> live tensor (no copy): the hub writes into these
     engine.load_state(tensors, version=7) # or copy weights in from a mapping
     engine.sync_caps                      # EngineCaps: how weights may reach it (rlsync/sync/ reads this)
+    engine.start_inflight("keep")         # in flight: fetch into engine.next_buffers(), engine.offer_next(v);
+                                          # generate switches after a sampled token (out.token_versions)
 
 Log-probs: after sampling, the sequences are re-scored with the trainer's own
 `rlsync.core.logprobs.token_logprobs` (one extra forward), so an unchanged policy gives an
 importance ratio of 1 (to float rounding) on the trainer, whatever `generate`'s KV-cache numerics.
+
+In flight, a call that switched takes each token's log-prob from the step's own logits (the weights that
+sampled it; `output_logits`, B x T x vocab floats: fine for tiny models), not the one-forward re-score.
 
 Simplifies: one model, one process, fp32; no continuous batching (vLLM/SGLang are the adapters for GPUs).
 """
@@ -17,7 +22,9 @@ Simplifies: one model, one process, fp32; no continuous batching (vLLM/SGLang ar
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import threading
+import time
+from dataclasses import dataclass, field
 from typing import ClassVar, Mapping
 
 import torch
@@ -65,9 +72,45 @@ class Rollout:
                      versions=oldest_versions(tv, self.response_mask, own), token_versions=tv)
 
 
+@dataclass(kw_only=True, slots=True)
+class SwitchStats:
+    """A version switched in without draining (the hf engine's in-flight switch; vLLM's is its `SyncStats`)."""
+
+    version: int
+    pause_s: float
+    """Decode stopped for it: re-pointing each parameter at the spare buffers (+ the re-prefill with `recompute`)."""
+    in_flight: bool = True
+    fetch_s: float = 0.0
+    apply_s: float = 0.0
+    fetch_wait_s: float = 0.0
+    bytes_by_source: dict = field(default_factory=dict)
+
+
+class _SwitchBetweenSteps:
+    """A `StoppingCriteria` that never stops: HF `generate` calls it after each sampled token, before the next
+    forward, which is the decode-step boundary where the engine may take a new version."""
+
+    def __init__(self, engine: "RolloutEngine", prompt_len: int, pmask: torch.Tensor, cache):
+        self.engine, self.p, self.pmask, self.cache = engine, prompt_len, pmask, cache
+        self.spans: list[tuple[int, int]] = []
+        """(version, first response token it sampled) for each switch in this call."""
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kw) -> torch.Tensor:
+        n = input_ids.shape[1] - self.p  # tokens sampled so far; the next forward samples token n
+        t0 = time.monotonic()
+        v = self.engine._switch()
+        if v is not None:
+            if self.engine.kv_policy == "recompute":  # the cache covers every position but the last token
+                self.engine._recompute(self.cache, input_ids[:, :-1], self.pmask, n - 1)
+            self.spans.append((v, n))
+            self.engine.switches[-1].pause_s = time.monotonic() - t0
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+
 class RolloutEngine:
-    sync_caps: ClassVar[EngineCaps] = EngineCaps(in_place_fetch=True, load_state=True)
-    """One process, plain torch parameters: the hub writes into them, or `load_state` copies in."""
+    sync_caps: ClassVar[EngineCaps] = EngineCaps(in_place_fetch=True, load_state=True, inflight=True)
+    """One process, plain torch parameters: the hub writes into them, or `load_state` copies in; in flight,
+    the next version lands in spare tensors and each parameter is re-pointed at them between two decode steps."""
 
     @dataclass(kw_only=True)
     class Config:
@@ -94,6 +137,12 @@ class RolloutEngine:
         self.pad_token_id, self.eos_token_id = pad_token_id, eos_token_id
         self.version = 0
         """Version of the weights the model holds (set by `load_state` or the caller)."""
+        self.kv_policy: str | None = None
+        """In-flight updates on (`start_inflight`): keep | recompute; None: off."""
+        self._spare: dict[str, torch.Tensor] | None = None
+        self._offered: int | None = None
+        self._spare_lock = threading.Lock()
+        self.switches: list[SwitchStats] = []
 
     def _generation_config(self):
         from transformers import GenerationConfig
@@ -118,10 +167,20 @@ class RolloutEngine:
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]]) -> Rollout:
-        """Sample one response per prompt (repeat a prompt in the list for a GRPO group)."""
+        """Sample one response per prompt (repeat a prompt in the list for a GRPO group). In flight, a version
+        offered meanwhile is switched in after a sampled token (`token_versions` says which sampled each)."""
         ids, pmask = self.left_pad(prompts)
         p = ids.shape[1]
-        seq = self.model.generate(input_ids=ids, attention_mask=pmask, generation_config=self._generation_config())
+        version = self._switch(in_flight=False) or self.version
+        kw = {}
+        if self.kv_policy is not None:
+            from transformers import DynamicCache, StoppingCriteriaList
+
+            hook = _SwitchBetweenSteps(self, p, pmask, DynamicCache(config=self.model.config))
+            kw = dict(stopping_criteria=StoppingCriteriaList([hook]), past_key_values=hook.cache,
+                      return_dict_in_generate=True, output_logits=True)
+        out = self.model.generate(input_ids=ids, attention_mask=pmask, generation_config=self._generation_config(), **kw)
+        seq = out.sequences if kw else out
         resp = seq[:, p:]
         # Response mask: every token up to and including the first end token.
         is_eos = resp == self.eos_token_id
@@ -130,11 +189,78 @@ class RolloutEngine:
         attn = torch.cat([pmask, rmask], dim=1)
         response_mask = torch.cat([torch.zeros_like(pmask), rmask], dim=1)
         seq = torch.where(attn.bool(), seq, torch.full_like(seq, self.pad_token_id))
-        lp, _ = token_logprobs(self.model, seq, attn, temperature=self.config.temperature)
+        tv = None
+        if kw and hook.spans:
+            # each token's log-prob under the weights that sampled it, from the step's own logits
+            steps = torch.stack(out.logits, 1).float() / self.config.temperature
+            lp_resp = torch.log_softmax(steps, -1).gather(-1, resp.unsqueeze(-1)).squeeze(-1)
+            lp = torch.cat([torch.zeros_like(pmask, dtype=lp_resp.dtype), lp_resp], dim=1)
+            tv = torch.full_like(seq, version)
+            for v, first in hook.spans:
+                tv[:, p + first:] = v
+        else:
+            lp, _ = token_logprobs(self.model, seq, attn, temperature=self.config.temperature)
         lp = lp * response_mask
         response_ids = [r[m.bool()].tolist() for r, m in zip(resp, rmask)]
         return Rollout(input_ids=seq, attention_mask=attn, response_mask=response_mask, logprobs=lp,
-                       response_ids=response_ids, version=self.version)
+                       response_ids=response_ids, version=version, token_versions=tv)
+
+    # ------------------------------------------------------------------ in-flight (EngineCaps.inflight)
+    def start_inflight(self, kv_policy: str = "keep") -> None:
+        """Take versions offered into the spare buffers between decode steps (`kv_policy`: keep | recompute)."""
+        if kv_policy not in ("keep", "recompute"):
+            raise ValueError(f"kv policy must be 'keep' or 'recompute' (got {kv_policy!r})")
+        self.kv_policy = kv_policy
+
+    def next_buffers(self) -> dict[str, torch.Tensor]:
+        """name -> the spare tensors the next version is fetched into (never the live ones); a version offered
+        before and not yet switched in is withdrawn (its buffers are about to be overwritten)."""
+        with self._spare_lock:
+            if self._spare is None:
+                self._spare = {n: torch.empty_like(t) for n, t in self.named_parameters_for_sync().items()}
+            self._offered = None
+            return dict(self._spare)
+
+    def offer_next(self, version: int) -> None:
+        """The spare buffers hold `version`, complete: switch at the next decode-step boundary (or call)."""
+        with self._spare_lock:
+            self._offered = version
+
+    def switch_prepared(self) -> SwitchStats | None:
+        """Between calls: switch an offered newer version in now."""
+        return self.switches.pop() if self._switch(in_flight=False) is not None else None
+
+    def take_switches(self) -> list[SwitchStats]:
+        out, self.switches = self.switches, []
+        return out
+
+    def _switch(self, in_flight: bool = True) -> int | None:
+        """Re-point every parameter at the spare buffers when they hold a newer version; the old live
+        tensors become the spare (the next fetch into them releases their version first)."""
+        t0 = time.monotonic()
+        with self._spare_lock:
+            v, self._offered = self._offered, None
+            if v is None or v <= self.version:
+                return None
+            params = dict(self.model.named_parameters())
+            for n, t in self._spare.items():
+                old = params[n].data
+                params[n].data = t
+                self._spare[n] = old
+            self.version = v
+        self.switches.append(SwitchStats(version=v, pause_s=time.monotonic() - t0, in_flight=in_flight))
+        return v
+
+    def _recompute(self, cache, ids: torch.Tensor, pmask: torch.Tensor, n: int) -> None:
+        """`recompute`: rebuild `cache` (in place: `generate` holds it) for `ids` under the new weights."""
+        from transformers import DynamicCache
+
+        mask = torch.cat([pmask, torch.ones(pmask.shape[0], n, dtype=pmask.dtype)], dim=1)
+        pos = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+        fresh = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
+                           past_key_values=DynamicCache(config=self.model.config), use_cache=True).past_key_values
+        for live, new in zip(cache.layers, fresh.layers):
+            live.keys, live.values = new.keys, new.values
 
     def named_parameters_for_sync(self) -> dict[str, torch.Tensor]:
         """name -> the model's live parameter tensor (no copy), named as the trainer names them.

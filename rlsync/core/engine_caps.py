@@ -29,6 +29,14 @@ class EngineCaps:
     """Several TP ranks each read only their slices of a version: `attach_hub`, `update_latest`, `close`
     (no prefetch: the read is inside the pause)."""
 
+    inflight: bool = False
+    """The engine takes a new version between two decode steps of a running `generate`, without draining:
+    the receiver stages each version as it commits (`stage_version(v)` for an engine that reads the hub
+    itself; a fetch into `next_buffers()` then `offer_next(v)` for one the hub fetches into), the engine
+    builds it beside its live weights and swaps at the next step boundary; `start_inflight(kv_policy)`,
+    `switch_prepared()` (between calls), `take_switches()` (the switches made inside `generate`).
+    Its `Rollout.token_versions` say which version sampled each token."""
+
     @property
     def reads_hub(self) -> bool:
         """The engine takes a hub client and reads versions itself (staged or TP-sliced)."""

@@ -47,6 +47,13 @@ class SyncConfig:
     its request needs (then it asks again; at most 600). The hub answers the moment that version commits."""
     board_poll_s: float = 0.005
     """object_store: how often an engine waiting for a version asks the run's RefBoard actor."""
+    inflight: bool = False
+    """hub: in-flight updates. Each version is staged the moment it commits while the engine generates, and
+    the engine switches to it at a decode-step boundary without draining (engines with `EngineCaps.inflight`:
+    vllm, hf); samples may then span versions (`Rollout.token_versions`). docs/rl.md, "In-flight updates"."""
+    kv_policy: str = "keep"
+    """inflight: what requests in flight do at a switch: `keep` (continue on the KV cache the old weights
+    computed, PipelineRL; free) or `recompute` (prefill each in-flight sequence again under the new weights)."""
 
 
 class SyncModeError(ValueError):

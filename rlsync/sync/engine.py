@@ -46,11 +46,32 @@ class WeightEngine(Protocol):
     def close(self) -> None:
         """staged / tp_sliced: stop reading from the hub."""
 
+    def start_inflight(self, kv_policy: str) -> None:
+        """inflight: from now on take staged versions at decode-step boundaries; `kv_policy` keep | recompute."""
+
+    def stage_version(self, version: int) -> int | None:
+        """inflight + staged: fetch `version` into staging and build it beside the live weights (blocking)."""
+
+    def next_buffers(self) -> dict[str, Any]:
+        """inflight + in_place_fetch: name -> the spare tensors the next version is fetched into."""
+
+    def offer_next(self, version: int) -> None:
+        """inflight + in_place_fetch: the spare buffers hold `version`, complete: switch at the next step boundary."""
+
+    def switch_prepared(self) -> Any:
+        """inflight: switch a prepared newer version in now, between calls (a `SyncStats`), else None."""
+
+    def take_switches(self) -> list:
+        """inflight: the switches made inside `generate` since the last call (`SyncStats`, in order)."""
+
 
 METHODS = {"in_place_fetch": ("named_parameters_for_sync",), "load_state": ("load_state",),
            "staged": ("attach_hub", "update_latest", "apply_staged", "prefetch_latest", "close"),
-           "tp_sliced": ("attach_hub", "update_latest", "close")}
+           "tp_sliced": ("attach_hub", "update_latest", "close"),
+           "inflight": ("start_inflight", "switch_prepared", "take_switches")}
 """The methods each capability promises."""
+INFLIGHT_WITH = {"staged": ("stage_version",), "in_place_fetch": ("next_buffers", "offer_next")}
+"""What an in-flight engine adds for the way weights reach it."""
 
 
 class EngineCapsError(TypeError):
@@ -64,8 +85,10 @@ def caps_of(engine: Any) -> EngineCaps:
     if not isinstance(caps, EngineCaps):
         raise EngineCapsError(f"{type(engine).__name__} declares no `sync_caps` (an EngineCaps from rollout/engine.py, "
                               "e.g. EngineCaps(in_place_fetch=True, load_state=True)): how should weights reach it?")
-    missing = sorted({m for cap, ms in METHODS.items() if getattr(caps, cap) for m in ms
-                      if not callable(getattr(engine, m, None))})
+    promised = [m for cap, ms in METHODS.items() if getattr(caps, cap) for m in ms]
+    if caps.inflight:
+        promised += [m for cap, ms in INFLIGHT_WITH.items() if getattr(caps, cap) for m in ms]
+    missing = sorted({m for m in promised if not callable(getattr(engine, m, None))})
     if missing:
         raise EngineCapsError(f"{type(engine).__name__} declares {caps} but has no {', '.join(missing)}")
     return caps

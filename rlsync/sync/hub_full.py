@@ -22,6 +22,7 @@ from rlsync.hub import errors as E
 
 from .base import Side, WeightPublisher, WeightReceiver, WeightSync, register_weight_sync
 from .engine import need
+from .inflight import InflightFollower
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +52,19 @@ class HubReceiver(WeightReceiver):
     def __init__(self, side: Side, engine: Any, *, params: Any = None, delay_s: float = 0.0):
         super().__init__(side, engine, params=params, delay_s=delay_s)
         need(self.caps, type(self).__name__, "in_place_fetch", "staged", "tp_sliced")
+        if self.sync.inflight:
+            need(self.caps, f"{type(self).__name__} with sync.inflight=true", "inflight")
         if self.caps.reads_hub:  # the hub cannot fetch into vLLM's repacked parameters (docs/vllm.md)
             engine.attach_hub(self.hub, self.model, layout=self.layout)
+        self.follower: InflightFollower | None = None
+        if self.sync.inflight:  # stage each version as it commits; the engine switches between decode steps
+            engine.start_inflight(self.sync.kv_policy)
+            self.follower = InflightFollower(self.hub, self.model, engine, self.caps, self.clock, self.sync.wait_s)
+            self.follower.start()
 
     def ensure(self, min_version: int, eager: bool = False) -> None:
+        if self.follower is not None:
+            return self._ensure_inflight(min_version)
         if self.caps.staged:
             with self.clock.state("loading_weights"):
                 staged = self.engine.apply_staged()  # a prefetched newer version: the only pause
@@ -69,6 +79,37 @@ class HubReceiver(WeightReceiver):
         else:
             self._wait_for(min_version)
         self._record(self._fetch_latest())
+
+    def _ensure_inflight(self, min_version: int) -> None:
+        """In-flight: record the switches made inside `generate`, take a staged newer version now (between
+        calls), and when the engine still lacks `min_version`, wait until the follower has staged it."""
+        for got in self.engine.take_switches():
+            self._record_switch(got)
+        self._switch()
+        if self.engine.version >= min_version:
+            return
+        self._wait_for(min_version)
+        with self.clock.state("waiting_weights"):
+            while not self.follower.wait_staged(min_version, self.sync.wait_s):
+                log.info("still waiting for %s v%d to be staged", self.model, min_version)
+        self._switch()
+        if self.engine.version < min_version:  # cannot happen unless the engine refused its own build
+            raise RuntimeError(f"{self.model} v{min_version} staged but the engine holds v{self.engine.version}")
+
+    def _switch(self) -> None:
+        with self.clock.state("loading_weights"):  # the swap (or, with no double buffer, the drained apply)
+            got = self.engine.apply_staged() if self.caps.staged else self.engine.switch_prepared()
+        if got is not None:
+            self._record_switch(got)
+
+    def _record_switch(self, got) -> None:
+        """An in-flight switch (a `SyncStats`): the pause is the swap; never moves the engine's version."""
+        self.clock.event("engine_update", version=got.version, fetch_s=got.fetch_s, apply_s=got.apply_s,
+                         pause_s=got.pause_s, fetch_wait_s=got.fetch_wait_s, in_flight=got.in_flight)
+        if got.bytes_by_source:
+            self.follower.last_sources = dict(got.bytes_by_source)
+            ev = FetchEvent.from_result(got, wid=self.hub.worker_id, dc=self.hub.location.dc)
+            self.clock.event(FetchEvent.NAME, **ev.attrs())
 
     def _wait_for(self, min_version: int) -> None:
         """Until `min_version` commits: one `wait_latest` parked at the hub (asked again each `sync.wait_s`)."""
@@ -92,11 +133,16 @@ class HubReceiver(WeightReceiver):
             latest = None
         if latest is None:
             return {}
+        if self.follower is not None:  # the follower fetches it (a second fetch here would race it)
+            self._ensure_inflight(latest)
+            return dict(self.follower.last_sources)
         got = self._fetch_latest()
         self._record(got, join=True)
         return dict(got.bytes_by_source)
 
     def close(self) -> None:
+        if self.follower is not None:
+            self.follower.close()
         if self.caps.reads_hub:
             self.engine.close()  # stop prefetching first
 

@@ -2,7 +2,9 @@
 
 Importing this package imports no vLLM; each module imports it where it runs.
 
-    engine.py            VllmEngine: sampling + log-probs, in-place apply (the driver-side handle)
+    engine.py            VllmEngine: sampling + log-probs, in-place apply, in-flight `prepare` (the driver-side handle)
+    decode.py            the decode loop step by step: a version switched in between two steps, per-token versions
+    double_buffer.py     the next version's kernels built beside the live ones, swapped in by reference
     worker_apply.py      what runs inside vLLM's workers: the direct and layerwise reloads, cache resets
     direct.py            the direct apply (plan_direct, direct_load), called from worker_apply and tp
     tp.py                tensor parallel: each rank reads its own slices from the hub (worker extension)

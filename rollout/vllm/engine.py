@@ -40,7 +40,8 @@ from typing import Iterable
 import torch
 
 from ..engine import Rollout
-from .worker_apply import direct_reload, layerwise_reload, quiet_dtype_notes
+from .decode import check_sync_scheduling, decode
+from .worker_apply import direct_reload, inflight_build, inflight_swap, layerwise_reload, quiet_dtype_notes
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,27 @@ class WeightApplyError(RuntimeError):
 
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+@dataclass(slots=True)
+class Switch:
+    """A version switched in without draining (`VllmEngine.prepare`, then a decode-step boundary)."""
+
+    version: int
+    pause_s: float
+    """Decode stopped for it: the reference swap (and the caches a reload resets)."""
+    build_s: float
+    """Building it beside the live weights, off the decode path."""
+    in_flight: bool
+    """Switched between two decode steps of a running `generate` (False: between calls)."""
+
+
+@dataclass(slots=True)
+class _Prepared:
+    version: int
+    built: object
+    specs: tuple
+    build_s: float
 
 
 class TensorParallelError(ValueError):
@@ -110,6 +132,10 @@ class VllmEngine:
         """Longest response."""
         do_sample: bool = True
         """False: greedy decoding (log-probs are still of the temperature-scaled policy)."""
+        kv_policy: str = "keep"
+        """In-flight updates (`prepare`): what requests in flight do at a switch. "keep" continues on the KV
+        cache the old weights computed (PipelineRL; free); "recompute" prefills each in-flight sequence again
+        under the new weights (one prefill per sequence per switch). rollout/vllm/decode.py."""
         seed: int = 0
         """Engine seed (sampling is reproducible for one engine and one batch order)."""
         gpu_memory_utilization: float = 0.5
@@ -159,6 +185,12 @@ class VllmEngine:
         self._lock = threading.Lock()
         self._version = 0
         self._broken: str | None = None
+        self._prepared: _Prepared | None = None
+        self._prepared_lock = threading.Lock()
+        self._build_lock = threading.Lock()
+        self.switches: list[Switch] = []
+        """Every version switched in by reference (`prepare`), in order; the weights' path drains it."""
+        check_sync_scheduling(self.llm)
         log.info("vLLM engine on %s started in %.1fs", self.model_dir, self.start_s)
 
     # ------------------------------------------------------------------ versions
@@ -190,27 +222,22 @@ class VllmEngine:
         The whole batch runs under the engine lock: an `apply` waits for it, so every response
         comes from `Rollout.version`.
         """
-        from vllm.inputs import TokensPrompt
-
         for i, p in enumerate(prompts):
             if not p:
                 raise ValueError(f"prompt {i} is empty")
         with self._lock:
             if self._broken:
                 raise WeightApplyError(f"engine holds incomplete weights ({self._broken}); apply a good version first")
+            self._switch(in_flight=False)  # a version prepared while idle
             version = self._version
-            outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
-                                     self._sampling_params(), use_tqdm=False)
-        resp, lps = [], []
-        for o in outs:
-            c = o.outputs[0]
-            ids = list(c.token_ids)
-            resp.append(ids)
-            lps.append([d[t].logprob for d, t in zip(c.logprobs, ids)])
-        return self._layout(prompts, resp, lps, version)
+            seqs = decode(self.llm, prompts, self._sampling_params(), version, between=self._switch,
+                          kv=self.config.kv_policy)
+        return self._layout(prompts, [s.tokens for s in seqs], [s.logprobs for s in seqs], version,
+                            [s.spans for s in seqs])
 
-    def _layout(self, prompts, resp, lps, version: int) -> Rollout:
-        """Left-padded prompt, response, right padding: the layout `RolloutEngine` produces."""
+    def _layout(self, prompts, resp, lps, version: int, spans=None) -> Rollout:
+        """Left-padded prompt, response, right padding: the layout `RolloutEngine` produces. `spans`: per
+        sample, (version, first token) each time its sampling version changed (`token_versions`)."""
         b = len(prompts)
         p, r = max(len(x) for x in prompts), max([len(x) for x in resp] + [1])
         ids = torch.full((b, p + r), self.pad_token_id, dtype=torch.long)
@@ -224,8 +251,14 @@ class VllmEngine:
                 ids[i, p:p + len(y)] = torch.tensor(y)
                 rmask[i, p:p + len(y)] = 1
                 lp[i, p:p + len(y)] = torch.tensor(l, dtype=torch.float32)
+        tv = None
+        if spans and any(len({v for v, _ in sp}) > 1 for sp in spans):
+            tv = torch.full((b, p + r), version, dtype=torch.long)
+            for i, sp in enumerate(spans):
+                for v, first in sp:
+                    tv[i, p + first:] = v
         return Rollout(input_ids=ids, attention_mask=attn, response_mask=rmask, logprobs=lp,
-                       response_ids=resp, version=version)
+                       response_ids=resp, version=version, token_versions=tv)
 
     # ------------------------------------------------------------------ weights
     def apply(self, weights: Iterable[tuple[str, torch.Tensor]], version: int, *,
@@ -263,6 +296,47 @@ class VllmEngine:
             self._version = version
             self._broken = None
             return time.monotonic() - t0
+
+    # ------------------------------------------------------------------ in-flight updates
+    def prepare(self, weights: Iterable[tuple[str, torch.Tensor]], version: int, *,
+                specs: list[tuple[str, tuple[int, ...]]], expect: Iterable[str] | None = None) -> bool:
+        """Build `version` beside the live weights (rollout/vllm/double_buffer.py) while the engine keeps
+        generating; it is switched in at the next decode-step boundary of a running `generate` (or at the
+        start of the next one, or by `switch_prepared`). False (nothing changed) when this layout has no
+        double buffer (the direct plan cannot place it: use `apply`). An exception from `weights` or a
+        missing tensor leaves the live weights, and any version prepared before, as they were."""
+        if self.config.tensor_parallel_size > 1:
+            raise TensorParallelError("in-flight updates run at tensor_parallel_size=1 only")
+        specs = tuple(specs)
+        with self._build_lock:
+            t0 = time.monotonic()
+            built = self.llm.collective_rpc(inflight_build, args=(specs, weights))[0]
+            if built is None:
+                return False
+            if expect is not None and not set(expect) <= built.names:
+                missing = sorted(set(expect) - built.names)
+                raise WeightApplyError(f"in-flight build of v{version}: vLLM did not load {missing[:5]}")
+            with self._prepared_lock:
+                self._prepared = _Prepared(version, built, specs, time.monotonic() - t0)
+        return True
+
+    def switch_prepared(self) -> Switch | None:
+        """Between calls: switch a prepared version in now (waits for the batch in flight)."""
+        with self._lock:
+            return self.switches[-1] if self._switch(in_flight=False) is not None else None
+
+    def _switch(self, in_flight: bool = True) -> int | None:
+        """Under the engine lock, between two decode steps (or calls): take a prepared newer version."""
+        with self._prepared_lock:
+            p, self._prepared = self._prepared, None
+        if p is None or p.version <= self._version or self._broken:
+            return None
+        t0 = time.monotonic()
+        if not self.llm.collective_rpc(inflight_swap, args=(p.specs, p.built))[0]:
+            return None  # a newer build overwrote its slot: that one will be prepared next
+        self._version = p.version
+        self.switches.append(Switch(p.version, time.monotonic() - t0, p.build_s, in_flight))
+        return p.version
 
     def join_hub(self, address: str, token: str | None, host: str, name: str) -> list[str]:
         """TP > 1: every worker joins the hub at `address` as `name`-tp<rank>; returns their worker ids."""

@@ -17,6 +17,9 @@ inside the pause (`apply_staged` / `prefetch_latest` do nothing).
 The engine loads its own copy of the model (`model_dir`, default SmolLM2 prepared by
 `rollout.vllm.model_dir`); the loader's model, if any, is not used. Each update returns a
 `SyncStats` (fetch_s, apply_s, pause_s) the worker records as an `engine_update` event.
+In flight (`start_inflight`, EngineCaps.inflight; the receiver's `sync.inflight=true`): each version the
+stage fetches is built beside the live kernels in the fetch's thread (`VllmEngine.prepare`) and switched in
+at the next decode-step boundary; `take_switches` hands those switches to the receiver (docs/vllm.md).
 """
 from __future__ import annotations
 
@@ -26,8 +29,9 @@ from typing import Any
 
 from ..engine import EngineCaps
 from ..registry import register_engine
-from .engine import VllmEngine
+from .engine import Switch, VllmEngine
 from .stage import HubWeightStage, SyncStats
+from .staging import WeightIntegrityError
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +42,9 @@ class HubFedVllmEngine:
         self.stage: HubWeightStage | None = None
         self._tp: tuple | None = None
         """k > 1: (hub client, model, layout) the TP ranks read from."""
+        self._inflight = False
+        self._fetched: dict[int, tuple] = {}
+        """In-flight: version -> (fetch_s, bytes, bytes by source, transports) of its fetch, until switched in."""
 
     @property
     def version(self) -> int:
@@ -52,7 +59,7 @@ class HubFedVllmEngine:
         """Weights arrive through `attach_hub` / `update_latest` (staged at k = 1, TP-sliced at k > 1), never
         `fetch(into=...)`; `load_state` (the direct apply) only at k = 1 (it sends callables to one worker)."""
         one = self.engine.config.tensor_parallel_size == 1
-        return EngineCaps(load_state=one, staged=one, tp_sliced=not one)
+        return EngineCaps(load_state=one, staged=one, tp_sliced=not one, inflight=one)
 
     def load_state(self, tensors, version: int | None = None) -> None:
         """Apply a whole version from a name -> tensor mapping (the same direct apply the hub's stage uses;
@@ -79,8 +86,61 @@ class HubFedVllmEngine:
                         "parameters: the hub cannot fetch into them)")
 
     def apply_staged(self) -> SyncStats | None:
-        """Apply a prefetched newer version, if one is complete in staging."""
-        return None if self._tp else self.stage.apply_staged()
+        """Apply a prefetched newer version, if one is complete in staging (in-flight: switch a prepared one
+        in; a version the engine could not build beside its weights is applied drained)."""
+        if self._tp:
+            return None
+        return (self.switch_prepared() if self._inflight else None) or self.stage.apply_staged()
+
+    # ------------------------------------------------------------------ in-flight (EngineCaps.inflight)
+    def start_inflight(self, kv_policy: str = "keep") -> None:
+        """From now on every version fetched into staging is built beside the live weights in the fetch's
+        thread and switched in at the next decode-step boundary (rollout/vllm/decode.py). The receiver
+        follows the hub (`stage_version` as each version commits), so the stage's own polling stops."""
+        if kv_policy not in ("keep", "recompute"):
+            raise ValueError(f"kv policy must be 'keep' or 'recompute' (got {kv_policy!r})")
+        self.engine.config.kv_policy = kv_policy
+        self.stage.close()  # its poll follower; the stage itself keeps working
+        self.stage.on_landed = self._build
+        self._inflight = True
+
+    def _build(self, version: int) -> None:
+        st = self.stage
+        names, specs, stream = st._staged_stream()
+        try:
+            ok = self.engine.prepare(stream, version, specs=specs, expect=names)
+        except WeightIntegrityError:
+            st._drop_staged(version)
+            raise
+        if ok:
+            self._fetched[version] = (st._staged_fetch_s, st._manifest.nbytes, dict(st._staged_sources),
+                                      dict(st._staged_transports))
+        else:
+            log.warning("%s v%d cannot be built beside the live weights (no direct plan): applied drained",
+                        st.model, version)
+
+    def stage_version(self, version: int) -> int | None:
+        """Fetch `version` into staging and build it beside the live weights; returns once done (the
+        version staged, or None when a newer fetch is still running). The receiver's follower calls this."""
+        self.stage.prefetch(version)
+        return self.stage.wait_staged()
+
+    def _stats(self, sw: Switch) -> SyncStats:
+        fetch_s, nbytes, sources, transports = self._fetched.pop(sw.version, (0.0, 0, {}, {}))
+        for v in [v for v in self._fetched if v < sw.version]:
+            del self._fetched[v]  # built, then overtaken by a newer build before its switch
+        return SyncStats(version=sw.version, fetch_s=fetch_s, apply_s=sw.build_s, pause_s=sw.pause_s,
+                         nbytes=nbytes, bytes_by_source=sources, transports=transports, in_flight=True)
+
+    def switch_prepared(self) -> SyncStats | None:
+        """Between calls: switch a prepared newer version in now (the pause is the swap)."""
+        sw = self.engine.switch_prepared()
+        return None if sw is None else self._stats(self.engine.switches.pop())
+
+    def take_switches(self) -> list[SyncStats]:
+        """The switches made inside `generate` since the last call (each recorded once)."""
+        out, self.engine.switches[:] = list(self.engine.switches), []
+        return [self._stats(sw) for sw in out]
 
     def prefetch_latest(self) -> bool:
         """Start fetching the hub's latest into staging when it is newer than what the engine holds."""
@@ -97,6 +157,10 @@ class HubFedVllmEngine:
         staged = self.stage.wait_staged()
         waited = time.monotonic() - t0
         latest = self.stage.hub.latest(self.stage.model)
+        got = self.switch_prepared() if self._inflight else None
+        if got is not None and latest is not None and got.version >= latest:
+            got.fetch_wait_s += waited
+            return got
         got = None
         if staged is not None and latest is not None and staged >= latest:
             got = self.stage.apply_staged()

@@ -43,7 +43,7 @@ import torch
 from rlsync.hub import ReshardReader, Shard, ShardedLayout, zero_shard
 
 from .engine import VllmEngine, WeightApplyError
-from .staging import WeightIntegrityError, checked_tensors, fused_staging, specs_of
+from .staging import Landing, WeightIntegrityError, checked_tensors, fused_staging, specs_of
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,9 @@ class SyncStats:
     fetch_wait_s: float = 0.0
     """Waiting for the fetch of a version the engine needed at once (the staleness bound asked for a
     version that had just committed, so no admissible version was there to generate with meanwhile)."""
+    in_flight: bool = False
+    """Switched in by reference (`VllmEngine.prepare`): `apply_s` is the build beside the live weights (off
+    the decode path), `pause_s` the swap."""
 
     @property
     def seconds(self) -> float:  # the FetchResult fields a fetch event reads
@@ -75,43 +78,6 @@ class SyncStats:
         return {"sync/fetch_s": self.fetch_s, "sync/apply_s": self.apply_s, "sync/pause_s": self.pause_s,
                 "sync/fetch_wait_s": self.fetch_wait_s,
                 "sync/bytes": float(self.nbytes), "sync/version": float(self.version)}
-
-
-class _Landing:
-    """Which tensors of a fetch in progress are complete (all their units landed and verified)."""
-
-    def __init__(self) -> None:
-        self.cond = threading.Condition()
-        self.manifest = None
-        self.units_left: list[int] = []
-        self.ready: list[int] = []  # tensor indices, in completion order
-        self.done = False
-        self.error: BaseException | None = None
-        self._unit_tensors: list[list[int]] = []
-
-    def on_unit(self, manifest, u: int) -> None:
-        with self.cond:
-            if self.manifest is None:
-                self.manifest = manifest
-                self.units_left = [0] * len(manifest.tensors)
-                self._unit_tensors = [sorted({ti for ti, _, _ in unit.segments}) for unit in manifest.units]
-                for ts in self._unit_tensors:
-                    for ti in ts:
-                        self.units_left[ti] += 1
-                self.ready = [i for i, n in enumerate(self.units_left) if n == 0]  # empty tensors
-            for ti in self._unit_tensors[u]:
-                self.units_left[ti] -= 1
-                if self.units_left[ti] == 0:
-                    self.ready.append(ti)
-            self.cond.notify_all()
-
-    def finish(self, manifest, error: BaseException | None) -> None:
-        with self.cond:
-            if error is None and self.manifest is None:  # already held: no unit was transferred
-                self.manifest = manifest
-                self.ready = list(range(len(manifest.tensors)))
-            self.done, self.error = True, error
-            self.cond.notify_all()
 
 
 class HubWeightStage:
@@ -141,6 +107,8 @@ class HubWeightStage:
         """Held by apply_staged / update while they use the staging buffers; prefetch skips then."""
         self._follower: threading.Thread | None = None
         self._stop = threading.Event()
+        self.on_landed = None
+        """Called in the prefetch thread with each version complete in staging (rl_engine.py's in-flight build)."""
 
     # ------------------------------------------------------------------ fetch into staging
     def _fetch_into_staging(self, version, on_unit=None):
@@ -173,6 +141,8 @@ class HubWeightStage:
                     self._staged_fetch_s, self._staged_sources = res.seconds, dict(res.bytes_by_source)
                     self._staged_transports = dict(res.transports)
                     self.staged_version = res.version
+                    if self.on_landed is not None:  # in-flight: build it beside the live weights, here
+                        self.on_landed(res.version)
                 except BaseException as e:  # noqa: BLE001 - surfaced by wait_staged / apply_staged
                     self._fetch_error = e
                     log.warning("prefetch of %s %s failed: %s", self.model, version, e)
@@ -291,7 +261,7 @@ class HubWeightStage:
                                        f"v{self.engine.version})")
             stats.fetch_wait_s = fetched - t0
             return stats
-        landing = _Landing()
+        landing = Landing()
         box: dict = {}
 
         def run():

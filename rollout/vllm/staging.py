@@ -3,11 +3,13 @@
     staging = fused_staging(layout)            # whole tensors; q/k/v, gate/up row blocks of fused buffers
     for name, t in checked_tensors(staging, manifest): ...   # each unit re-checked before it is handed out
     specs_of(manifest)                          # (name, shape) the direct apply plans with
+    Landing()                                   # which tensors of a fetch in progress are complete
 
 `rollout.vllm.stage.HubWeightStage` uses these; `rollout.vllm.transfer_backend` (vLLM's weight-transfer backend) too.
 """
 from __future__ import annotations
 
+import threading
 from typing import Iterable, Iterator
 
 import torch
@@ -78,3 +80,41 @@ def fused_staging(layout: ShardedLayout, fused: dict[str, tuple[str, ...]] = FUS
 def specs_of(manifest) -> tuple[tuple[str, tuple[int, ...]], ...]:
     """(name, shape) of every tensor of a version: what the engine's direct apply plans with."""
     return tuple((s.name, tuple(s.shape)) for s in manifest.tensors)
+
+
+class Landing:
+    """Which tensors of a fetch in progress are complete (all their units landed and verified): the pipelined
+    update (stage.py) hands each to the engine as soon as it is."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.manifest = None
+        self.units_left: list[int] = []
+        self.ready: list[int] = []  # tensor indices, in completion order
+        self.done = False
+        self.error: BaseException | None = None
+        self._unit_tensors: list[list[int]] = []
+
+    def on_unit(self, manifest, u: int) -> None:
+        with self.cond:
+            if self.manifest is None:
+                self.manifest = manifest
+                self.units_left = [0] * len(manifest.tensors)
+                self._unit_tensors = [sorted({ti for ti, _, _ in unit.segments}) for unit in manifest.units]
+                for ts in self._unit_tensors:
+                    for ti in ts:
+                        self.units_left[ti] += 1
+                self.ready = [i for i, n in enumerate(self.units_left) if n == 0]  # empty tensors
+            for ti in self._unit_tensors[u]:
+                self.units_left[ti] -= 1
+                if self.units_left[ti] == 0:
+                    self.ready.append(ti)
+            self.cond.notify_all()
+
+    def finish(self, manifest, error: BaseException | None) -> None:
+        with self.cond:
+            if error is None and self.manifest is None:  # already held: no unit was transferred
+                self.manifest = manifest
+                self.ready = list(range(len(manifest.tensors)))
+            self.done, self.error = True, error
+            self.cond.notify_all()

@@ -109,3 +109,38 @@ def reset_caches(runner) -> None:
         fn = getattr(runner, reset, None)
         if fn is not None:
             fn()
+
+
+def _double_buffer(worker, specs):
+    """The worker's `DoubleBuffer` for this layout (made once; None when the direct plan cannot place it)."""
+    from .double_buffer import DoubleBuffer
+    from .direct import plan_direct
+
+    model = worker.model_runner.get_model()
+    dbs = worker.__dict__.setdefault("_rlsync_double", {})
+    if specs not in dbs:
+        tp1 = worker.vllm_config.parallel_config.world_size == 1
+        plan = plan_direct(model, list(specs)) if tp1 else None
+        dbs[specs] = DoubleBuffer(model, plan) if plan is not None else None
+    return dbs[specs]
+
+
+def inflight_build(worker, specs, weights):
+    """Runs inside the vLLM worker, off the decode path: build `weights` beside the live kernels
+    (double_buffer.py); returns the `Built` to swap in, or None when this layout has no double buffer."""
+    from vllm.config import set_current_vllm_config
+
+    db = _double_buffer(worker, specs)
+    if db is None:
+        return None
+    with set_current_vllm_config(worker.vllm_config):
+        return db.build(weights)
+
+
+def inflight_swap(worker, specs, built) -> bool:
+    """Runs inside the vLLM worker between two decode steps: the live modules take `built`."""
+    ok = _double_buffer(worker, specs).swap(built)
+    if ok:
+        reset_caches(worker.model_runner)
+    return ok
+

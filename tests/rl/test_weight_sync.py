@@ -10,6 +10,7 @@ import time
 
 import pytest
 import torch
+from waiting import wait_for
 
 from rlsync.config.compose import check_config, route_of, sync_shape
 from rlsync.config.schema import TrainConfig
@@ -66,11 +67,16 @@ class StagedWithoutStaging(Undeclared):
     sync_caps = EngineCaps(staged=True)
 
 
+class StagedNoInflight(Undeclared):
+    sync_caps = EngineCaps(in_place_fetch=True)
+    version = -1
+
+
 def test_engines_declare_what_they_can_take_and_a_false_declaration_is_refused():
     cfg = TrainConfig()
     model, _ = build_policy(cfg.model, cfg.task, cfg.seed)
     hf = RolloutEngine(RolloutEngine.Config(), model, pad_token_id=0, eos_token_id=1)
-    assert caps_of(hf) == EngineCaps(in_place_fetch=True, load_state=True) and not caps_of(hf).reads_hub
+    assert caps_of(hf) == EngineCaps(in_place_fetch=True, load_state=True, inflight=True) and not caps_of(hf).reads_hub
     with pytest.raises(EngineCapsError, match="declares no `sync_caps`"):
         caps_of(Undeclared())
     with pytest.raises(EngineCapsError, match="has no apply_staged, attach_hub, close, prefetch_latest, update_latest"):
@@ -112,5 +118,51 @@ def test_a_receiver_waits_for_its_version_with_one_parked_call_not_a_poll(tmp_pa
             assert after.get("latest", 0) == before.get("latest", 0)             # no poll of `latest`
             assert after["wait_latest"] - before.get("wait_latest", 0) == 1      # one parked call
         finally:
+            reader.leave()
+            trainer.leave()
+
+
+def test_inflight_receiver_stages_each_version_as_it_commits_and_the_engine_switches_without_draining(tmp_path):
+    """sync.inflight: the receiver's follower fetches each committed version into the engine's spare buffers
+    while nobody asks for it; the next rollout call switches to it with no fetch in its path (the pause is
+    re-pointing the parameters) and records an in-flight `engine_update`. An engine that cannot is refused."""
+    cfg = TrainConfig()
+    with start_embedded_hub(journal=str(tmp_path / "journal.db")) as hub:
+        trainer = HubClient(hub.address, hub.token, config=ClientConfig(transport="tcp-py"))
+        reader = HubClient(hub.address, hub.token, config=ClientConfig(transport="tcp-py"))
+        trainer.join(Location(host="t"), "trainer")
+        reader.join(Location(host="r"), "reader")
+        receiver = None
+        try:
+            src, _ = build_policy(cfg.model, cfg.task, cfg.seed)
+            live = {n: p.data for n, p in src.named_parameters()}
+            trainer.publish("policy", 1, live)
+            model, _ = build_policy(cfg.model, cfg.task, cfg.seed)
+            engine = RolloutEngine(RolloutEngine.Config(), model, pad_token_id=0, eos_token_id=1)
+            engine.version = -1
+            clock = StallClock("r", "rollout")
+            side = Side(sync=SyncConfig(inflight=True, kv_policy="keep"), model="policy", hub=reader, clock=clock,
+                        hub_address=hub.address)
+            with pytest.raises(EngineCapsError, match="needs an engine with inflight"):
+                route_of(cfg).receiver(side, StagedNoInflight())
+            receiver = route_of(cfg).receiver(side, engine, params=model)
+            receiver.ensure(1)
+            assert engine.version == 1 and engine.kv_policy == "keep"
+            trainer.release("policy", 1)
+            v2 = {n: x + 1.0 for n, x in live.items()}
+            for n, x in v2.items():
+                live[n].copy_(x)
+            trainer.publish("policy", 2, live)
+            wait_for(lambda: receiver.follower.staged >= 2, 30, "the follower staging v2")
+            assert engine.version == 1  # staged beside the live weights, not switched yet
+            before = reader.stats()["rpc_by_op"].get("fetch", 0)
+            receiver.ensure(2)
+            assert engine.version == 2 and reader.stats()["rpc_by_op"].get("fetch", 0) == before  # no fetch in the path
+            assert all(torch.equal(engine.named_parameters_for_sync()[n], x) for n, x in v2.items())
+            ups = [e for e in clock.drain() if getattr(e, "name", "") == "engine_update"]
+            assert ups and ups[-1].attrs["version"] == 2 and ups[-1].attrs["in_flight"] is False  # between calls
+        finally:
+            if receiver is not None:
+                receiver.close()
             reader.leave()
             trainer.leave()

@@ -113,13 +113,14 @@ def test_update_never_tears_a_batch(rig):
     rig.stage.prefetch(new)
     rig.stage.wait_staged(timeout_s=120)
     started, result = threading.Event(), {}
-    orig_generate = rig.engine.llm.generate
+    llm_engine = rig.engine.llm.llm_engine
+    orig_step = llm_engine.step
 
-    def generate_and_signal(*a, **kw):
-        started.set()  # the batch holds the engine lock from here on
-        return orig_generate(*a, **kw)
+    def step_and_signal():
+        started.set()  # the batch's first decode step: it holds the engine lock from here on
+        return orig_step()
 
-    rig.engine.llm.generate = generate_and_signal
+    llm_engine.step = step_and_signal
     rig.engine.config.max_new_tokens = 32
     try:
         t = threading.Thread(target=lambda: result.setdefault("out", rig.engine.generate(rig.prompts * 2)))
@@ -128,7 +129,7 @@ def test_update_never_tears_a_batch(rig):
         stats = rig.stage.apply_staged()            # blocks until the batch is done
         t.join()
     finally:
-        rig.engine.llm.generate = orig_generate
+        del llm_engine.step  # the class's own again
         rig.engine.config.max_new_tokens = 12
     out = result["out"]
     assert out.version == old and stats.version == new == rig.engine.version
