@@ -29,7 +29,14 @@ def test_cfg_job_prints_the_task_args_and_plugin_path_the_run_uses(capsys, monke
 
     monkeypatch.chdir(EXAMPLES)
     monkeypatch.setattr(sys, "path", list(sys.path))  # the plugin's directory goes on it
-    print_job_config(["+recipe=grpo_standalone", "plugins=[my_task]", "task.name=sort"])
+    from rlsync.rollout.rewards import REWARDS
+    from rlsync.rollout.tasks import TASKS
+    for reg in (TASKS, REWARDS):  # the plugin registers 'sort' here: gone after this test, for the others in this process
+        monkeypatch.setattr(reg, "_table", dict(reg._table))
+    try:
+        print_job_config(["+recipe=grpo_standalone", "plugins=[my_task]", "task.name=sort"])
+    finally:
+        sys.modules.pop("my_task", None)
     cfg = yaml.safe_load(capsys.readouterr().out)
     assert cfg["plugin_path"] == [str(EXAMPLES)]
     assert cfg["task"]["args"] == {"reward": "sorted_prefix", "symbols": "0123456789", "length": 3}

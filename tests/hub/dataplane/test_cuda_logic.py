@@ -27,7 +27,7 @@ from rlsync.hub.protocol.tickets import ReaderKey, Ticket, TicketSigner, TicketV
 from rlsync.hub.dataplane.transports import choose_transport, cuda, get_transport
 from rlsync.hub.dataplane.transports import cuda_logic as C
 from rlsync.hub.dataplane.transports.tcp_py import PyTcpTransport
-from tests.hub.dataplane.endpoints import ep
+from endpoints import ep  # tests/hub/dataplane/endpoints.py
 
 
 # --------------------------------------------------------------------------- capability

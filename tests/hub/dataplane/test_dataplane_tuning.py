@@ -24,7 +24,7 @@ from rlsync.hub.dataplane.transfer import DataServer, read_from_source
 from rlsync.hub.model.manifest import ManifestConfig, allocate, build_manifest
 from rlsync.hub.dataplane.store import LocalReplica, ReplicaStore
 from rlsync.hub.protocol.tickets import ReaderKey, Ticket, TicketSigner, TicketVerifier
-from tests.hub.dataplane.endpoints import ep
+from endpoints import ep  # tests/hub/dataplane/endpoints.py
 
 P = T.PathChoice
 TCP2Z, TCP2C, TCP1Z, TCP4C = P("tcp", 2, True), P("tcp", 2, False), P("tcp", 1, True), P("tcp", 4, False)

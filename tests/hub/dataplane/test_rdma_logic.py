@@ -29,7 +29,7 @@ from rlsync.hub.dataplane.store import LocalReplica, ReplicaStore
 from rlsync.hub.protocol.tickets import ReaderKey, Ticket, TicketSigner, TicketVerifier
 from rlsync.hub.dataplane.transports import boot_id, choose_transport, endpoint_info, get_transport, rdma
 from rlsync.hub.dataplane.transports import rdma_logic as L
-from tests.hub.dataplane.endpoints import ep
+from endpoints import ep  # tests/hub/dataplane/endpoints.py
 
 from waiting import wait_for  # tests/waiting.py
 

@@ -26,7 +26,7 @@ from rlsync.hub.protocol.tickets import ReaderKey, Ticket, TicketSigner, TicketV
 from rlsync.hub.dataplane.transports import get_transport, transport_names
 from rlsync.hub.dataplane.transports.base import Transport, recv_exact, transport_by_kind
 from rlsync.hub.dataplane.transports import boot_id
-from tests.hub.dataplane.endpoints import ep
+from endpoints import ep  # tests/hub/dataplane/endpoints.py
 
 SMALL = ManifestConfig(chunk_bytes=64 << 10, pack_below=4 << 10, pack_bytes=16 << 10)
 SIGNER = TicketSigner()
