@@ -30,7 +30,8 @@ def test_a_client_whose_hub_port_was_squatted_by_another_zmq_socket_rejoins_when
         hub.stop()
         squatter = zmq.Context.instance().socket(zmq.PUB)  # another service on the freed port
         squatter.setsockopt(zmq.LINGER, 0)
-        squatter.bind(hub.address)
+        wait_until(lambda: _bound(squatter, hub.address), timeout_s=10,  # the hub's socket closes asynchronously
+                   what="the stopped hub's port to be free")
         time.sleep(1.5)  # the fault's duration: the holder's sockets retry against it meanwhile
         squatter.close(0)
         hub = start_embedded_hub(**kw)                   # the hub is back at the same address
@@ -44,3 +45,13 @@ def test_a_client_whose_hub_port_was_squatted_by_another_zmq_socket_rejoins_when
             reader.leave()
         holder.leave()
         hub.stop()
+
+
+def _bound(sock, address: str) -> bool:
+    try:
+        sock.bind(address)
+        return True
+    except zmq.ZMQError as e:
+        if e.errno != zmq.EADDRINUSE:
+            raise
+        return False
