@@ -193,8 +193,8 @@ class Publisher:
 
     def reregister(self, rid: str) -> bool:
         model, version, shard, slot = self.replicas.held[rid]
-        rep = self.replicas.store.get(rid)
-        if rep is None or not rep.complete:
+        rep = self.replicas.complete(rid)
+        if rep is None:
             return False
         try:
             self.session.call("register", wid=self.session.worker_id, model=model, version=version, shard=shard.to_wire(),

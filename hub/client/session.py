@@ -168,8 +168,8 @@ class Session:
             self.data.verifier = TicketVerifier(r["ticket_key"])
             kept = 0
             for rid, (model, version, shard, slot) in list(self.replicas.held.items()):
-                rep = self.replicas.store.get(rid)
-                if rep is None or not rep.complete or rid in self.replicas.releasing or rid not in self.replicas.held:
+                rep = self.replicas.complete(rid)
+                if rep is None or rid in self.replicas.releasing:
                     continue
                 try:
                     rpc.call("register", wid=self.worker_id, model=model, version=version, shard=shard.to_wire(),
