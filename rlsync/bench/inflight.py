@@ -33,6 +33,8 @@ import statistics
 import threading
 import time
 
+from rlsync.sync import SyncConfig
+
 from . import register_scenario
 
 log = logging.getLogger(__name__)
@@ -127,11 +129,12 @@ def _sane(out, vocab: int) -> bool:
     return bool(torch.isfinite(lp).all() and (lp <= 1e-3).all() and (ids >= 0).all() and (ids < vocab).all())
 
 
-def run(rounds: int, batch: int, tokens: int, kv: str, soak: int) -> dict:
+def run(rounds: int, batch: int, tokens: int, kv: str, soak: int, stage_nice: int = 10) -> dict:
     from rlsync.hub import HubClient, Location, start_embedded_hub
     from rlsync.rollout.vllm.engine import VllmEngine
     from rlsync.rollout.vllm.model_dir import prepare_smollm2
     from rlsync.rollout.vllm.rl_engine import HubFedVllmEngine
+    from rlsync.sync.inflight import lower_thread_priority
 
     model_dir = prepare_smollm2()
     load_before = _load()
@@ -160,6 +163,7 @@ def run(rounds: int, batch: int, tokens: int, kv: str, soak: int) -> dict:
 
         def publish_later(delay: float, building: bool) -> threading.Thread:
             def go():
+                lower_thread_priority(stage_nice)  # as the receiver's follower does (sync.stage_nice)
                 time.sleep(delay)  # a point inside the round (the benchmark's schedule, not a synchronisation)
                 rl.stage.on_landed = build if building else None
                 rl.stage_version(trainer.publish())
@@ -234,7 +238,7 @@ def run(rounds: int, batch: int, tokens: int, kv: str, soak: int) -> dict:
         hub.stop()
     tps = {k: n / s if s else float("nan") for k, (n, s) in res.items()}
     return {"model": "SmolLM2-135M-Instruct (trainer fp32 538 MB, engine bf16)", "rounds": rounds, "batch": batch,
-            "tokens": tokens, "kv_policy": kv, "tokens_per_s": tps,
+            "tokens": tokens, "kv_policy": kv, "stage_nice": stage_nice, "tokens_per_s": tps,
             "decode_pause_ms": {k: {"p50": 1e3 * _pct(v, 0.5), "p95": 1e3 * _pct(v, 0.95), "n": len(v)}
                                 for k, v in pauses.items()},
             "decode_pause_p95_ms": 1e3 * _pct(pauses["inflight"], 0.95),
@@ -253,12 +257,14 @@ def main(argv: list[str]) -> int:
     p.add_argument("--tokens", type=int, default=64, help="response tokens per prompt")
     p.add_argument("--kv", choices=("keep", "recompute"), default="keep", help="KV policy at an in-flight switch")
     p.add_argument("--soak", type=int, default=50, help="extra updates swapped in flight, checked for NaN/garbage")
+    p.add_argument("--stage-nice", type=int, default=SyncConfig().stage_nice,
+                   help="nice of the thread staging each version (sync.stage_nice; 0: generation's priority)")
     p.add_argument("--json", help="write every figure here")
     a = p.parse_args(argv)
-    res = run(a.rounds, a.batch, a.tokens, a.kv, a.soak)
+    res = run(a.rounds, a.batch, a.tokens, a.kv, a.soak, a.stage_nice)
     t, d = res["tokens_per_s"], res["decode_pause_ms"]
     print(f"inflight: SmolLM2-135M vLLM engine, {a.rounds} rounds x {a.batch} prompts x {a.tokens} tokens, "
-          f"kv={a.kv} (load {res['load_before']} -> {res['load_after']}, {res['cpus']} cpus)")
+          f"kv={a.kv}, stage nice {a.stage_nice} (load {res['load_before']} -> {res['load_after']}, {res['cpus']} cpus)")
     for k in ("none", "inflight", "drain"):
         extra = f"   pause p50 {d[k]['p50']:.1f} ms p95 {d[k]['p95']:.1f} ms (n={d[k]['n']})" if k in d else ""
         print(f"  {k:<9} {t[k]:8.1f} tok/s{extra}")

@@ -54,6 +54,10 @@ class SyncConfig:
     kv_policy: str = "keep"
     """inflight: what requests in flight do at a switch: `keep` (continue on the KV cache the old weights
     computed, PipelineRL; free) or `recompute` (prefill each in-flight sequence again under the new weights)."""
+    stage_nice: int = 10
+    """inflight: the nice value (0-19) of the thread that stages each version (its fetch, conversion and
+    kernel build, and the threads it starts): generation keeps the cores and a version arrives a little
+    later. 0 stages at generation's priority. docs/rl.md, "In-flight updates"."""
 
 
 class SyncModeError(ValueError):

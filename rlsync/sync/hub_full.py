@@ -59,7 +59,8 @@ class HubReceiver(WeightReceiver):
         self.follower: InflightFollower | None = None
         if self.sync.inflight:  # stage each version as it commits; the engine switches between decode steps
             engine.start_inflight(self.sync.kv_policy)
-            self.follower = InflightFollower(self.hub, self.model, engine, self.caps, self.clock, self.sync.wait_s)
+            self.follower = InflightFollower(self.hub, self.model, engine, self.caps, self.clock, self.sync.wait_s,
+                                             nice=self.sync.stage_nice)
             self.follower.start()
 
     def ensure(self, min_version: int, eager: bool = False) -> None:
@@ -105,7 +106,8 @@ class HubReceiver(WeightReceiver):
     def _record_switch(self, got) -> None:
         """An in-flight switch (a `SyncStats`): the pause is the swap; never moves the engine's version."""
         self.clock.event("engine_update", version=got.version, fetch_s=got.fetch_s, apply_s=got.apply_s,
-                         pause_s=got.pause_s, fetch_wait_s=got.fetch_wait_s, in_flight=got.in_flight)
+                         pause_s=got.pause_s, fetch_wait_s=got.fetch_wait_s, in_flight=got.in_flight,
+                         decode_pause_s=got.pause_s)  # `sync/decode_pause_s`: what generation stopped for
         if got.bytes_by_source:
             self.follower.last_sources = dict(got.bytes_by_source)
             ev = FetchEvent.from_result(got, wid=self.hub.worker_id, dc=self.hub.location.dc)

@@ -16,6 +16,7 @@ over (`offer_next`). Either way the decode pause is the engine's reference swap,
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from typing import Any
@@ -25,10 +26,23 @@ from rlsync.core.events import FetchEvent
 log = logging.getLogger(__name__)
 
 
+def lower_thread_priority(nice: int) -> None:
+    """Run the calling thread (and the threads it starts later, which inherit it on Linux) at `nice`: staging
+    a version then yields the cores to generation, whose OpenMP team stalls whole decode steps when one of
+    its threads is preempted. Raising priority back needs privileges: never attempted."""
+    if nice <= 0 or not hasattr(os, "setpriority"):
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, max(os.getpriority(os.PRIO_PROCESS, tid), min(19, nice)))
+    except OSError as e:  # a container that forbids it: stage at the normal priority
+        log.info("could not lower the in-flight staging thread's priority: %s", e)
+
+
 class InflightFollower:
-    def __init__(self, hub: Any, model: str, engine: Any, caps: Any, clock: Any, wait_s: float):
+    def __init__(self, hub: Any, model: str, engine: Any, caps: Any, clock: Any, wait_s: float, nice: int = 0):
         self.hub, self.model, self.engine, self.caps, self.clock = hub, model, engine, caps, clock
-        self.wait_s = wait_s
+        self.wait_s, self.nice = wait_s, nice
         self.staged = -1
         """Newest version staged (built beside the live weights, or fetched into the spare buffers)."""
         self.error: BaseException | None = None
@@ -46,6 +60,7 @@ class InflightFollower:
     def _loop(self) -> None:
         from rlsync.hub import errors as E
 
+        lower_thread_priority(self.nice)  # threads started from here (an engine's fetch and build) inherit it
         while not self._stop.is_set():
             want = max(self.staged, self.engine.version) + 1
             try:

@@ -109,6 +109,16 @@ def _vllm_env(kv_cache_gib: int, threads: int | None) -> None:
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))
 
 
+def _same_omp_threads() -> None:
+    """Give the calling thread torch's intra-op thread count before vLLM steps in it. vLLM's CPU attention
+    sizes its schedule with the thread's OpenMP count (omp_get_max_threads) and runs with torch's
+    (at::get_num_threads, set lazily per thread): in a thread that has not run a torch parallel op yet (a
+    Ray actor's pool thread while in-flight staging runs elsewhere) they differ when vLLM bound more cores
+    than OMP_NUM_THREADS says, and the kernel aborts ("metadata->thread_num == thread_num (1 vs. 2)").
+    `get_num_threads` does torch's per-thread initialisation, which sets the thread's OpenMP count."""
+    torch.get_num_threads()
+
+
 class VllmEngine:
     @dataclass(kw_only=True)
     class Config:
@@ -225,6 +235,7 @@ class VllmEngine:
         for i, p in enumerate(prompts):
             if not p:
                 raise ValueError(f"prompt {i} is empty")
+        _same_omp_threads()
         with self._lock:
             if self._broken:
                 raise WeightApplyError(f"engine holds incomplete weights ({self._broken}); apply a good version first")

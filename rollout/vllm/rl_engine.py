@@ -130,7 +130,7 @@ class HubFedVllmEngine:
         for v in [v for v in self._fetched if v < sw.version]:
             del self._fetched[v]  # built, then overtaken by a newer build before its switch
         return SyncStats(version=sw.version, fetch_s=fetch_s, apply_s=sw.build_s, pause_s=sw.pause_s,
-                         nbytes=nbytes, bytes_by_source=sources, transports=transports, in_flight=True)
+                         nbytes=nbytes, bytes_by_source=sources, transports=transports, in_flight=sw.in_flight)
 
     def switch_prepared(self) -> SyncStats | None:
         """Between calls: switch a prepared newer version in now (the pause is the swap)."""

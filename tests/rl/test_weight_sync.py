@@ -161,6 +161,7 @@ def test_inflight_receiver_stages_each_version_as_it_commits_and_the_engine_swit
             assert all(torch.equal(engine.named_parameters_for_sync()[n], x) for n, x in v2.items())
             ups = [e for e in clock.drain() if getattr(e, "name", "") == "engine_update"]
             assert ups and ups[-1].attrs["version"] == 2 and ups[-1].attrs["in_flight"] is False  # between calls
+            assert ups[-1].attrs["decode_pause_s"] == ups[-1].attrs["pause_s"] >= 0  # `sync/decode_pause_s` per step
         finally:
             if receiver is not None:
                 receiver.close()
