@@ -10,8 +10,9 @@ the current virtual time (no credit saved up while idle, no debt from another's 
 refresh of one tenant's model cannot starve another's small push. Reads whose ticket names no tenant
 (single-token hubs, the operator) never wait here.
 
-`served` counts bytes granted per tenant; `contended` only those granted while at least two tenants
-were waiting or sending: the shares a saturating co-tenant leaves (python -m rlsync.bench tenants_hub).
+`served` counts bytes granted per tenant; `contended` only those granted while another tenant was
+waiting for a slot too (both backlogged): the shares a saturating co-tenant leaves
+(python -m rlsync.bench tenants_hub).
 """
 from __future__ import annotations
 
@@ -45,9 +46,8 @@ class ShareScheduler:
             heapq.heappop(self._queue)
             self._vtime = start
             self._sending[tenant] += 1
-            active = {t for _, _, t in self._queue} | {t for t, n in self._sending.items() if n}
             self.served[tenant] += nbytes
-            if len(active) >= 2:
+            if any(t != tenant for _, _, t in self._queue):  # another tenant is waiting for this slot too
                 self.contended[tenant] += nbytes
             self._cv.notify_all()
 

@@ -147,3 +147,17 @@ def test_a_tenants_reads_carry_its_weight_to_the_source_and_operator_reads_are_n
     assert op.session.data.shares.snapshot()["served"] == {"b": NBYTES}
     op.leave()
     op2.leave()
+
+
+def test_an_embedded_hubs_tenants_and_model_rules_come_from_hydra_overrides():
+    from hydra import compose, initialize_config_module
+
+    from rlsync.config.compose import register_configs, to_config
+    register_configs()
+    with initialize_config_module(config_module="rlsync.configs", version_base=None):
+        c = compose(config_name="train", overrides=["+recipe=grpo_standalone",
+                                                    "hub.server.tenants=[{name: a, token: ta, publish: ['a/*'], share: 3}]",
+                                                    "hub.server.models=[{pattern: 'a/*', retain_last: 2}]"])
+    server = to_config(c).hub.server
+    assert server.tenants == [TenantConfig(name="a", token="ta", publish=["a/*"], share=3.0)]
+    assert server.models == [ModelPolicyConfig(pattern="a/*", retain_last=2)]
