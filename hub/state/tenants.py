@@ -1,5 +1,5 @@
 """Tenants: which credential may publish, read and list which models, its quota and its data-plane
-weight. Pure logic (the server reads the token files once, at start).
+weight. No I/O but reading each tenant's token file once, when the hub starts.
 
 Several jobs share one hub. Each tenant has its own credential (a token) and scopes, each a list of
 model-name patterns (`fnmatch`; a model's `NAME@delta` companion follows `NAME`):
