@@ -26,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="full version or chain of deltas per reader: by estimate, whenever a chain exists, never")
     s.add_argument("--delta-tier-gbps", type=V.float_list(4), default=None,
                    help="assumed link rates (Gbit/s) by distance: same host,rack,DC,other DC (e.g. 80,25,10,1)")
+    s.add_argument("--tenants", type=V.existing_file, default=None,
+                   help="YAML file of tenants (credential, scopes, quota, share) and per-model policy rules; "
+                        "without it the token file's token alone has every scope (docs/tenants.md)")
     sd = sub.add_parser("seed", help="run a seed worker: takes hand-offs from leaving workers (and follows latest)")
     sd.add_argument("--address", type=V.hub_address, required=True, help="hub address, e.g. tcp://127.0.0.1:5555")
     sd.add_argument("--token-file", type=V.existing_file, required=True)
@@ -68,6 +71,7 @@ def run_serve(parser: argparse.ArgumentParser, a) -> int:
     from rlsync.hub.delta.plan import DeltaConfig
     from rlsync.hub.errors import HubError
     from rlsync.hub.server.loop import serve_main
+    from rlsync.hub.server.tenancy import load_tenants_file
     from rlsync.hub.state import HubConfig
     try:
         if a.port:
@@ -77,8 +81,10 @@ def run_serve(parser: argparse.ArgumentParser, a) -> int:
     setup_logging()
     delta = DeltaConfig(mode=a.delta_mode, **({"tier_gbps": a.delta_tier_gbps} if a.delta_tier_gbps else {}))
     try:  # what the arguments passed but the hub refuses at start (an empty token file): one line too
+        tenants, models = load_tenants_file(a.tenants) if a.tenants else ([], [])
         serve_main(a.host, a.port, a.token_file, a.journal, HubConfig(
-            worker_timeout_s=a.worker_timeout, reregister_grace_s=a.reregister_grace, delta=delta))
+            worker_timeout_s=a.worker_timeout, reregister_grace_s=a.reregister_grace, delta=delta,
+            tenants=tenants, models=models))
     except HubError as e:
         parser.error(str(e))
     return 0

@@ -19,6 +19,22 @@ class AuthError(HubError):
     code = "auth"
 
 
+class TenantAccessError(AuthError):
+    """A tenant's credential used outside its scopes: publishing, reading or listing a model its
+    patterns do not cover, or acting for another tenant's worker. The message is the same whether the
+    model exists or not (it reveals nothing of other tenants); nothing was changed."""
+
+    code = "tenant_access"
+
+
+class QuotaExceededError(HubError):
+    """A publish that would take the tenant's retained bytes past its quota, counted after its own
+    retention let its older versions go (docs/tenants.md). Nothing was changed: raise the quota,
+    lower the model's retain_last, or publish a smaller version."""
+
+    code = "quota"
+
+
 class UnknownModelError(HubError):
     """The model was never published on this hub."""
 

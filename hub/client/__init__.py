@@ -225,6 +225,11 @@ class HubClient:
     def stats(self) -> dict:
         return self.session.call("stats")
 
+    def models(self) -> dict[str, int | None]:
+        """{model: latest} of every model this client's credential may list (a tenant's: only its own
+        and those it may read; the hub token's: all). docs/tenants.md"""
+        return self.session.call("models")
+
     def held(self) -> list[str]:
         """Wire ids (`worker:model:version:shard:slot`) of the replicas this worker holds."""
         return sorted(self.replicas.held)

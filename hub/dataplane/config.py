@@ -27,5 +27,9 @@ class DataPlaneConfig:
     register_wait_s: float = 5.0
     """How long a request with a valid ticket waits for a relay the hub advertised but this worker has
     not registered yet (it is still receiving its own plan)."""
+    share_slots: int = 1
+    """Units this server sends at once for tenants' reads (reads on a hub with tenants): the slots
+    weighted fair queuing hands out by tenant weight (hub/dataplane/shares.py). More slots: more
+    parallel streams, coarser shares."""
     serve_delay_s: float = 0.0
     """Fault injection for tests: sleep before sending each unit (a slow source). Keep 0."""

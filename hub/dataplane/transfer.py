@@ -21,6 +21,7 @@ from rlsync.hub import errors as E
 from rlsync.hub.dataplane.config import DataPlaneConfig
 from rlsync.hub.dataplane.wire import ERR, MAGIC, MAX_REQUEST_BYTES, OK, REQ, UNIT, WHOLE
 from rlsync.hub.model.manifest import unit_checksum
+from rlsync.hub.dataplane.shares import ShareScheduler
 from rlsync.hub.dataplane.store import LocalReplica, ReplicaStore
 from rlsync.hub.protocol.tickets import ReaderKey, ReplayGuard, TicketVerifier
 from rlsync.hub.protocol.messages import Endpoint
@@ -44,6 +45,7 @@ class DataServer:
         self.worker_id: str | None = None
         self.verifier: TicketVerifier | None = None
         self.replays = ReplayGuard()
+        self.shares = ShareScheduler(cfg.share_slots)  # tenants' reads by weight (hub/dataplane/shares.py)
         self._lsock = socket.create_server((cfg.host, 0))
         self._lsock.settimeout(0.5)
         self.port = self._lsock.getsockname()[1]
@@ -72,7 +74,7 @@ class DataServer:
         conn.settimeout(self.cfg.io_timeout_s)
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
-            rep, transport, units = self._accept_request(conn)
+            rep, transport, units, share = self._accept_request(conn)
         except E.HubError as e:
             log.warning("data plane: refused a request: %s", e)
             send_error(conn, WHOLE, e)
@@ -82,11 +84,12 @@ class DataServer:
             conn.close()
             return
         try:
-            self._serve_units(conn, rep, transport, units)
+            self._serve_units(conn, rep, transport, units, share)
         finally:
             transport.close()
 
-    def _serve_units(self, conn: socket.socket, rep: LocalReplica, transport: Transport, units: list[int]) -> None:
+    def _serve_units(self, conn: socket.socket, rep: LocalReplica, transport: Transport, units: list[int],
+                     share: tuple[str, float] | None = None) -> None:
         sent_units = sent_bytes = 0
         rep.begin_read()
         try:
@@ -98,7 +101,14 @@ class DataServer:
                 except E.TransferError as e:
                     send_error(conn, u, e)
                     return
-                sent_bytes += transport.send_unit(conn, rep, u)
+                if share is None:
+                    sent_bytes += transport.send_unit(conn, rep, u)
+                else:  # a tenant's read: wait for its weighted turn at this source
+                    self.shares.acquire(share[0], share[1], rep.manifest.units[u].nbytes)
+                    try:
+                        sent_bytes += transport.send_unit(conn, rep, u)
+                    finally:
+                        self.shares.release(share[0])
                 sent_units += 1
             transport.wait_finish(conn)
         except (OSError, ConnectionError) as e:
@@ -107,7 +117,7 @@ class DataServer:
             rep.end_read(sent_units, sent_bytes)
             conn.close()
 
-    def _accept_request(self, conn: socket.socket) -> tuple[LocalReplica, Transport, list[int]]:
+    def _accept_request(self, conn: socket.socket) -> tuple[LocalReplica, Transport, list[int], tuple | None]:
         head = bytearray(REQ.size)
         recv_exact(conn, memoryview(head))
         magic, proto, kind, _, body_len = REQ.unpack(head)
@@ -146,7 +156,7 @@ class DataServer:
         except BaseException:
             transport.close()
             raise
-        return rep, transport, units
+        return rep, transport, units, t.share
 
 
 def read_from_source(transport: Transport, endpoint: Endpoint, ticket: bytes, replica_id: str,

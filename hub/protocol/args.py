@@ -181,6 +181,7 @@ _WID = _str
 SPECS: dict[str, dict[str, tuple[Callable, bool]]] = {  # op -> argument -> (check, required)
     "ping": {},
     "stats": {},
+    "models": {},
     "latest": {"model": (_model, True)},
     "versions": {"model": (_model, True)},
     "wait_latest": {"model": (_model, True), "at_least": (_int(), True), "timeout_s": (_wait_s, True)},

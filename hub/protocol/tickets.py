@@ -71,6 +71,8 @@ class Ticket:
     source: str
     replica: str
     expires: float
+    share: tuple[str, float] | None = None
+    """The reader's tenant and its data-plane weight (hub/dataplane/shares.py); None: not scheduled."""
 
 
 class TicketSigner:
@@ -112,8 +114,8 @@ class TicketSigner:
         return out
 
     def _sign_batch(self, tickets: list[Ticket]) -> list[bytes]:
-        bodies = [msgpack.packb([t.fetch_id, t.reader, t.reader_key, t.source, t.replica, t.expires])
-                  for t in tickets]
+        bodies = [msgpack.packb([t.fetch_id, t.reader, t.reader_key, t.source, t.replica, t.expires]
+                                + ([] if t.share is None else [list(t.share)])) for t in tickets]
         levels = [[_leaf(b) for b in bodies]]
         while len(levels[-1]) > 1:
             lv = levels[-1]
@@ -208,6 +210,11 @@ class TicketVerifier:
             if not isinstance(t.reader_key, bytes) or len(t.reader_key) != _KEY:
                 raise ValueError
             float(t.expires)
+            if t.share is not None:
+                name, weight = t.share
+                if not isinstance(name, str) or not 0 < float(weight) < float("inf"):
+                    raise ValueError
+                t = Ticket(*msgpack.unpackb(body)[:6], (name, float(weight)))
         except InvalidSignature:
             raise TicketError("forged ticket: signature does not verify") from None
         except Exception:

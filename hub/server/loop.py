@@ -10,7 +10,6 @@ machine says it is done. A periodic tick expires silent workers and re-checks pe
 from __future__ import annotations
 
 import gc
-import hmac
 import logging
 import os
 import signal
@@ -30,11 +29,12 @@ from rlsync.hub.server.plan_replies import Packed, PlanReplies
 from rlsync.hub.protocol.rpc import MAX_MESSAGE_BYTES, check_port, pack, read_or_create_token
 from rlsync.hub.server.deltas import DeltaOps
 from rlsync.hub.server.load import HubLoad, packed_map, park_until
+from rlsync.hub.server.tenancy import TenantOps
 from rlsync.hub.server.waits import DEFERRED as _DEFERRED, WaitOps
 from rlsync.hub.model.shard import Shard
 from rlsync.hub.state import DONE, KEEP_OLD, PENDING, HubConfig, HubState
 from rlsync.hub.state.records import HolderSilentError
-from rlsync.hub.protocol.tickets import Ticket, TicketSigner
+from rlsync.hub.protocol.tickets import TicketSigner
 from rlsync.hub.protocol.args import SPECS, check_args, manifest_from_wire
 
 log = logging.getLogger(__name__)
@@ -43,12 +43,13 @@ TICK_S = 0.2
 _MORE = int(zmq.SNDMORE)
 
 
-class HubServer(DeltaOps, WaitOps):
+class HubServer(DeltaOps, WaitOps, TenantOps):
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0, token: str, journal: str,
                  config: HubConfig | None = None) -> None:
         check_port(port, bind=True)  # ZeroMQ would listen on port % 65536 while the hub names `port`
         self.cfg = config or HubConfig()
         self.token = token
+        self._init_tenants()  # credentials, scopes, quotas, shares (hub/server/tenancy.py): checked first
         self.journal = Journal(journal)
         self.signer = _ticket_signer(self.journal)
         # Ids carry the hub's epoch (restarts so far) so a restarted hub never reuses one.
@@ -84,14 +85,14 @@ class HubServer(DeltaOps, WaitOps):
         self.rpc_by_op: dict[str, int] = {}
         """Control RPCs served, by operation (`stats`' rpc_by_op; logged when the hub stops)."""
         self.load = HubLoad()
-        self._plans = PlanReplies(self.signer, self.load, self.cfg.ticket_ttl_s)  # signed per loop pass
+        self._plans = PlanReplies(self.signer, self.load, self.cfg.ticket_ttl_s, self._share_of)  # signed per pass
         self._manifest_bytes = self._plans.manifests
         self.bytes_in = 0
         self.bytes_out = 0
 
     def _journal_commit(self, model, version, group, manifests) -> None:
         self.journal.record_commit(model, version, group, manifests, time.time())
-        self.journal.forget(model, below=version - self.cfg.retention.retain_last - KEEP_OLD)
+        self.journal.forget(model, below=version - self.state.retained_window(model) - KEEP_OLD)
 
     # ------------------------------------------------------------------ loop
     def serve_forever(self) -> None:
@@ -160,15 +161,14 @@ class HubServer(DeltaOps, WaitOps):
             if not isinstance(msg, dict):
                 raise E.ProtocolError("control message must be a map")
             rid = msg.get("id")
-            tok = msg.get("token")
-            if not isinstance(tok, str) or not hmac.compare_digest(tok.encode(), self.token.encode()):
-                raise E.AuthError("missing or wrong hub token")
+            tenant = self._authenticate(msg.get("token"))
             op, args = msg.get("op"), msg.get("args")
             if not isinstance(op, str) or op not in SPECS:
                 raise E.ProtocolError(f"unknown operation {op!r}")
             if args is not None and not isinstance(args, dict):
                 raise E.InvalidArgumentError(f"{op}: args must be a map")
             args = check_args(op, args or {})
+            self._authorize(tenant, op, args)  # scopes, worker ownership, quota: before any handler
             self.rpc_count += 1
             self.rpc_by_op[op] = self.rpc_by_op.get(op, 0) + 1
         except E.HubError as e:
@@ -242,6 +242,7 @@ class HubServer(DeltaOps, WaitOps):
     def op_join(self, ident, rid, name: str, location: Location, endpoint: dict, worker_id: str | None = None,
                 role: str = "worker", follow: bool = False):
         wid = self.state.join(name, location, endpoint, worker_id, role, follow)
+        self._joined(wid)
         log.info("worker %s (%s) joined at %s", wid, name, location)
         return {"wid": wid, "ticket_key": self.signer.public_bytes,
                 "worker_timeout_s": self.cfg.worker_timeout_s}
@@ -286,13 +287,7 @@ class HubServer(DeltaOps, WaitOps):
 
     def _plan_fields(self, wid: str, plan) -> dict:
         """A plan as a map, its tickets signed now (delta_choose's first plan; fetch plans are batched)."""
-        exp = time.time() + self.cfg.ticket_ttl_s
-        key = self.state.workers[wid].endpoint["reader_key"]  # join checked it is there
-        return {"fetch_id": plan.fetch_id, "version": plan.version, "held": plan.held,
-                "sources": [{"replica": rep.id, "worker": w.id, "endpoint": w.peer_endpoint,
-                             "units": units, "full": rep.full,
-                             "ticket": self.signer.sign(Ticket(plan.fetch_id, wid, key, w.id, rep.id, exp))}
-                            for rep, w, units in plan.sources]}
+        return self._plans.fields(wid, self.state.workers[wid].endpoint["reader_key"], plan)  # join checked the key
 
     def op_fetch_done(self, ident, rid, wid: str, fetch_id: str, ok: bool):
         self.state.fetch_done(wid, fetch_id, ok)
@@ -319,6 +314,7 @@ class HubServer(DeltaOps, WaitOps):
 
     def op_stats(self, ident, rid):
         s = self.state.stats()
+        s["models"] = {m: s["models"][m] for m in self._visible(s["models"])}
         s.update(rpc_count=self.rpc_count, rpc_by_op=dict(self.rpc_by_op), rpc_bytes_in=self.bytes_in,
                  rpc_bytes_out=self.bytes_out)
         s.update(self.load.snapshot(self.rpc_count, [w.last_seen for w in self.state.workers.values()],

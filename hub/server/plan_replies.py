@@ -21,8 +21,11 @@ class Packed(bytes):
 
 
 class PlanReplies:
-    def __init__(self, signer: TicketSigner, load: HubLoad, ticket_ttl_s: float) -> None:
+    def __init__(self, signer: TicketSigner, load: HubLoad, ticket_ttl_s: float,
+                 share_of: Callable[[str], tuple[str, float] | None] = lambda wid: None) -> None:
         self.signer, self.load, self.ttl = signer, load, ticket_ttl_s
+        self.share_of = share_of
+        """The reader's tenant and data-plane weight its tickets carry (hub/server/tenancy.py)."""
         self.manifests = ManifestBytes()
         self._queue: list[tuple[bytes, object, dict, list[Ticket], bytes | None, float]] = []
 
@@ -41,9 +44,20 @@ class PlanReplies:
                              "units": units, "full": rep.full}
                             for rep, w, units in plan.sources],
                 **({} if have is None else {"manifest_digest": digest})}
-        tickets = [Ticket(plan.fetch_id, wid, reader_key, w.id, rep.id, exp) for rep, w, _ in plan.sources]
+        share = self.share_of(wid)
+        tickets = [Ticket(plan.fetch_id, wid, reader_key, w.id, rep.id, exp, share) for rep, w, _ in plan.sources]
         raw = packed if with_manifest and (have is None or digest not in have) else None
         self._queue.append((ident, rid, head, tickets, raw, time.perf_counter() - t0))
+
+    def fields(self, wid: str, reader_key: bytes, plan: Plan) -> dict:
+        """A plan as a map, its tickets signed now, one signature each (delta_choose's first plan)."""
+        exp, share = time.time() + self.ttl, self.share_of(wid)
+        return {"fetch_id": plan.fetch_id, "version": plan.version, "held": plan.held,
+                "sources": [{"replica": rep.id, "worker": w.id, "endpoint": w.peer_endpoint,
+                             "units": units, "full": rep.full,
+                             "ticket": self.signer.sign(Ticket(plan.fetch_id, wid, reader_key, w.id, rep.id, exp,
+                                                               share))}
+                            for rep, w, units in plan.sources]}
 
     def flush(self, send: Callable[[bytes, object, bool, Packed], None]) -> None:
         """Sign every queued plan's tickets at once and send the replies, in the order planned."""

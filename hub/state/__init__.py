@@ -30,8 +30,11 @@ from typing import Callable
 
 from rlsync.hub.delta.plan import DeltaConfig
 from rlsync.hub.errors import InvalidArgumentError
-from rlsync.hub.state.planner import Planner, PlannerConfig
-from rlsync.hub.state.retention import KEEP_OLD, RetentionConfig, RetentionPolicy
+from rlsync.hub.model.names import is_delta_model
+from rlsync.hub.state.planner import PlannerConfig
+from rlsync.hub.state.policy import ModelPolicies, ModelPolicy, ModelPolicyConfig
+from rlsync.hub.state.retention import KEEP_OLD, RetentionConfig
+from rlsync.hub.state.tenants import TenantConfig
 from rlsync.hub.state.deltas import Deltas
 from rlsync.hub.state.fetches import Fetches, check_into_spec
 from rlsync.hub.state.index import FetchTable, ReplicaTable, StateIndex
@@ -64,6 +67,12 @@ class HubConfig:
     reregister_grace_s: float = 5.0
     """After a restart (a journal with committed versions), a fetch or re-plan that finds no holder yet
     waits up to this long for workers to re-register before the hub says lost / not retained."""
+    models: list[ModelPolicyConfig] = field(default_factory=list)
+    """Per-model policy: rules by model-name pattern overriding retention, fan-out cap and delta mode
+    for the models they match (first match wins; hub/state/policy.py, docs/tenants.md)."""
+    tenants: list[TenantConfig] = field(default_factory=list)
+    """Tenants sharing this hub, each with its credential, scopes, quota and data-plane share
+    (hub/state/tenants.py, docs/tenants.md). Empty: the hub token alone, with every scope."""
 
     def __post_init__(self) -> None:
         # A zero or negative timeout would expire every worker at its first tick (and nan never).
@@ -80,8 +89,8 @@ class HubState(Workers, Versions, Fetches, Releases, Deltas):
     def __init__(self, cfg: HubConfig, commit_hook: Callable[..., None] | None = None,
                  clock: Callable[[], float] = time.monotonic, id_prefix: str = "") -> None:
         self.cfg = cfg
-        self.planner = Planner(cfg.planner)
-        self.retention = RetentionPolicy(cfg.retention)
+        self.policies = ModelPolicies(cfg.planner, cfg.retention, cfg.delta, cfg.models)
+        self.planner, self.retention = self.policies.default.planner, self.policies.default.retention
         self.commit_hook = commit_hook
         self.clock = clock
         self.workers: dict[str, WorkerRec] = {}
@@ -98,3 +107,14 @@ class HubState(Workers, Versions, Fetches, Releases, Deltas):
         self._ids = itertools.count(1)
         self._sizes: dict[int, tuple] = {}  # id(manifest) -> (manifest, unit sizes): `Fetches._unit_sizes`
         self._prefix = id_prefix
+
+    # Per-model policy (hub/state/policy.py): every retention, planner and delta decision asks these.
+    def policy(self, model: str) -> ModelPolicy:
+        return self.policies.of(model)
+
+    def retained_window(self, model: str) -> int:
+        """How many newest committed versions of `model` stay retained (a delta model: at least its
+        chain, so a reader a few versions behind finds one; docs/deltas.md)."""
+        p = self.policy(model)
+        keep = p.retention.cfg.retain_last
+        return max(keep, p.delta.retain_chain) if is_delta_model(model) else keep

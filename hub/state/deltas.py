@@ -30,7 +30,7 @@ class Deltas:
         chain = self._delta_chain(wid, reader, model, ver, shard.key, base)
         full = self._candidates(wid, model, ver, shard.key)
         full_tier = min((reader.location.distance(self.workers[r.worker].location) for r in full), default=None)
-        mode, t_full, t_delta = choose(self.cfg.delta, full_bytes=manifest.nbytes, full_tier=full_tier,
+        mode, t_full, t_delta = choose(self.policy(model).delta, full_bytes=manifest.nbytes, full_tier=full_tier,
                                        chain=[(b, t) for _, b, t in chain], model_bytes=manifest.nbytes)
         if mode == "full" and full_tier is None and chain:
             mode = "delta"  # nobody serves v in full right now, but its deltas are there
@@ -45,7 +45,7 @@ class Deltas:
         if dm is None or base >= ver:
             return []
         chain, cur = [], ver
-        while cur > base and len(chain) <= self.cfg.delta.max_chain:
+        while cur > base and len(chain) <= self.policy(model).delta.max_chain:
             dvr = dm.versions.get(cur)
             man = dvr.manifests.get(shard_key) if dvr is not None and dvr.committed else None
             if man is None:

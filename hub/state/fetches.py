@@ -62,7 +62,7 @@ class Fetches:
                                          "(every holder died without notice or is releasing)")
             raise E.VersionNotRetainedError(f"{model!r} v{ver} is no longer retained and no worker holds it "
                                             f"(latest: {m.latest})")
-        assignment = self.planner.choose_sources(reader.location, srcs, self._unit_sizes(manifest),
+        assignment = self.policy(model).planner.choose_sources(reader.location, srcs, self._unit_sizes(manifest),
                                                  cross_dc_inflight=self._crossing_into(reader, model, ver))
         if not assignment:
             raise self._no_allowed_source(model, ver, shard.key)
@@ -106,7 +106,7 @@ class Fetches:
         vr = m.versions.get(version)
         if vr is None and version < m.forgot_below:
             raise E.VersionNotRetainedError(f"{model!r} v{version} is no longer retained: the hub keeps the "
-                                            f"newest {self.cfg.retention.retain_last + KEEP_OLD} versions "
+                                            f"newest {self.retained_window(model) + KEEP_OLD} versions "
                                             "(and older ones still held or fetched)")
         if vr is None or not vr.committed:
             raise E.VersionNotFoundError(f"{model!r} v{version} was never committed (latest: {m.latest})")
@@ -135,7 +135,7 @@ class Fetches:
     def _no_allowed_source(self, model: str, ver: int, shard_key: str) -> E.VersionLostError:
         """Candidates existed but the planner's `source_hosts` excluded every one of them."""
         return E.VersionLostError(f"{model!r} v{ver} {shard_key}: no replica on the hosts the planner may read "
-                                  f"from (source_hosts={list(self.planner.cfg.source_hosts)})")
+                                  f"from (source_hosts={list(self.policy(model).planner.cfg.source_hosts)})")
 
     def _crossing_into(self, reader: WorkerRec, model: str, ver: int, exclude_fetch: str | None = None) -> int:
         """Open fetches of (model, ver) into the reader's DC that read from another DC."""
@@ -154,9 +154,10 @@ class Fetches:
         with no healthy one (or `source_hosts` set) the full candidate list, as `_candidates` has it."""
         idx = self._index
         places = idx.places.get((model, ver, shard))
-        if places and not self.planner.cfg.source_hosts:
+        planner = self.policy(model).planner
+        if places and not planner.cfg.source_hosts:
             now, wid, loc = self.clock(), reader.id, reader.location
-            cap = max(1, self.planner.cfg.fanout_cap)
+            cap = max(1, planner.cfg.fanout_cap)
             down = self._downstream(wid, model, ver, shard, exclude_fetch)
             hk, rk, dk = place_keys(loc)
             suspects = self.suspects
@@ -264,7 +265,7 @@ class Fetches:
             raise E.VersionLostError(f"{f.model!r} v{f.version} {f.shard}: no replica other than the ones that "
                                      f"failed this fetch can serve its {len(units)} missing units")
         srcs = self._sources(cands)
-        sub = self.planner.choose_sources(reader.location, srcs, [manifest.units[u].nbytes for u in units],
+        sub = self.policy(f.model).planner.choose_sources(reader.location, srcs, [manifest.units[u].nbytes for u in units],
                                           cross_dc_inflight=self._crossing_into(reader, f.model, f.version, fid))
         if not sub:
             raise self._no_allowed_source(f.model, f.version, f.shard)

@@ -86,7 +86,7 @@ class Releases:
         r = self.replicas.get(rid)
         if r is None or not r.full or r.releasing or rid in self.handoffs or rid in self.pending_releases:
             return False
-        if self.retention.decide_release(self._release_view(r)).action is not Action.RELEASE:
+        if self.policy(r.model).retention.decide_release(self._release_view(r)).action is not Action.RELEASE:
             return False
         return self.release_step(rid) is DONE
 
@@ -97,7 +97,7 @@ class Releases:
         if r is None:
             self.pending_releases.discard(rid)
             return DONE
-        d = self.retention.decide_release(self._release_view(r))
+        d = self.policy(r.model).retention.decide_release(self._release_view(r))
         ev = self._release_events
         if d.action is Action.HANDOFF:
             if d.ask:
@@ -187,7 +187,7 @@ class Releases:
             return False
         live = [p for p in self.replicas_of(r.model, r.version, r.shard)
                 if p.id != r.id and p.full and p.slot == "live" and not p.releasing]
-        return len(live) >= self.retention.cfg.min_full_copies
+        return len(live) >= self.policy(r.model).retention.cfg.min_full_copies
 
     def tasks_for(self, wid: str) -> list[list]:
         """Fetches a seed worker should start: hand-offs asked of it, and (if it follows) each latest."""

@@ -146,7 +146,7 @@ class Versions:
             any(self.replicas[r].full for r in have.get((model, v, key), ())) for key in m.versions[v].manifests)]
 
     def _forget_old(self, m: ModelRec) -> None:
-        below = retention.forget_below(m.latest, self.cfg.retention.retain_last)
+        below = retention.forget_below(m.latest, self.policy(m.name).retention.cfg.retain_last)
         if not m.versions or min(m.versions) >= below:
             return
         idx = self._index

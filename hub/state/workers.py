@@ -9,7 +9,6 @@ import logging
 
 from rlsync.hub import errors as E
 from rlsync.hub.state import retention
-from rlsync.hub.model.names import is_delta_model
 from rlsync.hub.model.location import Location
 from rlsync.hub.state.records import ModelRec, ReplicaRec, WorkerRec
 
@@ -98,10 +97,7 @@ class Workers:
         m = self.models.get(model)
         if m is None:
             return False
-        keep = self.cfg.retention.retain_last
-        if is_delta_model(model):  # a reader a few versions behind needs the chain (docs/deltas.md)
-            keep = max(keep, self.cfg.delta.retain_chain)
-        return retention.is_retained(version, m.committed, keep,
+        return retention.is_retained(version, m.committed, self.retained_window(model),
                                      pinned=(p.version for p in m.pins.values()),
                                      fetching=self._index.fetch_versions.get(model, ()))
 

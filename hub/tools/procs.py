@@ -58,6 +58,19 @@ def _worker_main(conn, address: str, token: str, client_cfg) -> None:
                         "seconds": time.time() - t0})
             loop["stop"].wait(kw.get("pause_s", 0.05))
 
+    def refetch_loop(kw: dict) -> None:
+        """Fetch one version again and again, releasing it after each read: a reader that keeps a source busy."""
+        from rlsync.hub.errors import HubError
+        while not loop["stop"].is_set():
+            t0 = time.time()
+            try:
+                r = client.fetch(kw["model"], kw["version"])
+                client.release(kw["model"], r.version)
+                record({"ok": True, "nbytes": r.nbytes, "started": t0, "finished": time.time()})
+            except HubError as e:
+                record({"ok": False, "error": type(e).__name__, "message": str(e)[:200]})
+                loop["stop"].wait(0.05)
+
     def publish_loop(kw: dict) -> None:
         """A trainer: every period, release the last version, overwrite the buffers in place, publish."""
         from rlsync.hub.errors import HubError
@@ -128,6 +141,13 @@ def _worker_main(conn, address: str, token: str, client_cfg) -> None:
             loop["thread"] = threading.Thread(target=fetch_loop, args=(kw,), daemon=True)
             loop["thread"].start()
             return True
+        if cmd == "refetch_loop":
+            loop["stop"] = threading.Event()
+            loop["thread"] = threading.Thread(target=refetch_loop, args=(kw,), daemon=True)
+            loop["thread"].start()
+            return True
+        if cmd == "shares":  # bytes this worker's data plane served per tenant (hub/dataplane/shares.py)
+            return client.session.data.shares.snapshot()
         if cmd == "publish_loop":
             loop["stop"] = threading.Event()
             loop["thread"] = threading.Thread(target=publish_loop, args=(kw,), daemon=True)

@@ -6,7 +6,8 @@ buffers, wrong bytes to adopt, bad `keep`, layouts that do not tile), over one e
 clients. Checked after each operation: every error is a `HubError`; every successful read holds exactly
 the bytes of the version it names; each client's live replicas are the hub's live replicas of that
 worker, and the hub lists no seed copy the client lacks (seed drops reach the client with its next
-heartbeat)."""
+heartbeat). The hub has a second tenant whose credential covers other models only: its attempts on
+this run's models and workers are refused (`TenantAccessError`) and change nothing (docs/tenants.md)."""
 import random
 import time
 
@@ -17,7 +18,9 @@ from rlsync.hub import ClientConfig, HubClient, Location, ManifestConfig
 from rlsync.hub import errors as E
 from rlsync.hub.reshard.layout import Dest, Slice, zero3_layout
 from rlsync.hub.reshard.read import ReshardReader, publish_shard
+from rlsync.hub.model.shard import Shard
 from rlsync.hub.server.loop import start_embedded_hub
+from rlsync.hub.state import HubConfig, TenantConfig
 
 pytestmark = pytest.mark.timeout(300)
 OPS_PER_SEED = 1100  # x 2 seeds in CI: >= 2,000 mixed operations
@@ -54,7 +57,8 @@ def same(a: dict, b: dict) -> bool:
 @pytest.mark.parametrize("seed", [11, 29])
 def test_client_and_hub_books_agree_after_random_operations_and_refusals(seed):
     rng = random.Random(seed)
-    hub = start_embedded_hub()
+    hub = start_embedded_hub(config=HubConfig(tenants=[TenantConfig(name="other", token="other-token",
+                                                                    publish=["other/*"])]))
     clients: list[HubClient] = []
 
     def client(host):
@@ -65,6 +69,9 @@ def test_client_and_hub_books_agree_after_random_operations_and_refusals(seed):
 
     t = client("t")
     readers = [client(f"r{i}") for i in range(3)]
+    intruder = HubClient(hub.address, "other-token", config=CFG)  # another tenant on the same hub
+    intruder.join(Location(host="x", rack="rx"), "x")
+    clients.append(intruder)
     slots = {r.worker_id: [{n: torch.zeros(s) for n, s in SHAPES.items()} for _ in range(2)] for r in readers}
     snap: dict[int, dict] = {}
     live = {n: torch.randn(s, generator=torch.Generator().manual_seed(seed)) for n, s in SHAPES.items()}
@@ -157,9 +164,25 @@ def test_client_and_hub_books_agree_after_random_operations_and_refusals(seed):
     def release_t(r) -> str:
         return release(t)
 
+    def cross_tenant(r) -> str:
+        """Another tenant's credential on this run's models and workers: refused, typed, and the same
+        refusal whether the version (or the model) exists or not."""
+        model = rng.choice(["m", "zm", "m@delta", "never-published"])
+        tries = [lambda: intruder.fetch(model, rng.choice(["latest", latest, latest + 5])),
+                 lambda: intruder.latest(model), lambda: intruder.versions(model),
+                 lambda: intruder.publish(model, latest + 1, live),
+                 lambda: intruder.session.call("heartbeat", wid=r.worker_id),
+                 lambda: intruder.session.call("release", wid=r.worker_id, model="other/m", version=1,
+                                               shard=Shard().to_wire())]
+        with pytest.raises(E.TenantAccessError):
+            rng.choice(tries)()
+        assert intruder.models() == {} and intruder.held() == []
+        raise E.TenantAccessError("refused, as it must be")  # counted as a refusal below
+
     ops = [(lambda r: publish(), 4), (lambda r: bad_publish(), 1), (release_t, 2), (fetch, 6), (fetch_delta, 3),
-           (bad_into, 1), (adopt, 2), (release, 3), (reshard, 1)]
-    names = ["publish", "bad_publish", "release_t", "fetch", "fetch_delta", "bad_into", "adopt", "release", "reshard"]
+           (bad_into, 1), (adopt, 2), (release, 3), (reshard, 1), (cross_tenant, 1)]
+    names = ["publish", "bad_publish", "release_t", "fetch", "fetch_delta", "bad_into", "adopt", "release", "reshard",
+             "cross_tenant"]
     weights = [w for _, w in ops]
     publish()
     for i in range(OPS_PER_SEED):
@@ -178,7 +201,8 @@ def test_client_and_hub_books_agree_after_random_operations_and_refusals(seed):
     assert sum(counts.values()) == OPS_PER_SEED
     for name in names:  # every operation ran, and every kind that can be refused was refused
         assert counts.get(f"{name} ok", 0) + counts.get(f"{name} refused", 0) > 10, (name, counts)
-    for name in ("bad_publish", "bad_into", "adopt", "release", "reshard", "fetch", "fetch_delta"):
+    assert not counts.get("cross_tenant ok"), counts
+    for name in ("bad_publish", "bad_into", "adopt", "release", "reshard", "fetch", "fetch_delta", "cross_tenant"):
         assert counts.get(f"{name} refused", 0) > 0, (name, counts)
     for name in ("publish", "adopt", "release", "reshard", "fetch", "fetch_delta"):
         assert counts.get(f"{name} ok", 0) > 0, (name, counts)

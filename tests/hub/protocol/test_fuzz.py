@@ -4,7 +4,9 @@ no traceback, the data plane answers every request with a typed error frame); th
 journal are exactly as before.
 
 Frames include valid-token frames for every operation with each argument replaced by wrong-typed or
-out-of-range values (what crashed handlers on ea01902: 20 of 300 such frames).
+out-of-range values (what crashed handlers on ea01902: 20 of 300 such frames), and frames with another
+tenant's credential (issue 34): refused (`tenant_access` for the operator's models and workers), and
+`stats` / `models` answered without the models that tenant may not list.
 
 Resharding (pure logic, no hub): generated `ShardedLayout`s either tile every tensor exactly or are
 refused with `LayoutError`, and plans of generated destinations over them fill each destination
@@ -33,7 +35,8 @@ pytestmark = pytest.mark.timeout(300)
 CONTROL_FRAMES = 2000
 DATA_REQUESTS = 300
 CODES = set(E._BY_CODE) - {"hub_error"}  # every typed error; "hub_error" is the internal-error reply
-SAFE_VALID = {"ping", "stats", "latest", "versions", "wait_latest"}  # read-only ops a frame may call validly
+SAFE_VALID = {"ping", "stats", "models", "latest", "versions", "wait_latest"}  # read-only ops a frame may call validly
+TENANT_TOKEN = "fuzz-tenant-token"  # a second tenant's credential: may publish fz/* only
 BAD = {"bad": 1}  # refused by every argument's check (see wire_args)
 PLAUSIBLE = {  # per argument, values that pass its check, so frames reach the state machine too
     "model": st.sampled_from(["policy", "nope"]), "version": st.one_of(st.integers(0, 4), st.just("latest")),
@@ -63,7 +66,11 @@ def live(tmp_path_factory):
     log = open(log_path, "w")
     os.environ["RLSYNC_HUB_LOG"] = "INFO"
     try:
-        hub, address, token = start_hub_process(tmp, stderr=log)
+        with open(os.path.join(tmp, "tenant.token"), "w") as f:
+            f.write(TENANT_TOKEN)
+        with open(os.path.join(tmp, "tenants.yaml"), "w") as f:
+            f.write("tenants:\n- {name: fz, token_file: tenant.token, publish: ['fz/*']}\n")
+        hub, address, token = start_hub_process(tmp, stderr=log, extra=("--tenants", os.path.join(tmp, "tenants.yaml")))
     finally:
         os.environ.pop("RLSYNC_HUB_LOG")
     trainer = WorkerProcess(address, token, ClientConfig(transport="tcp-py"), name="trainer")
@@ -105,11 +112,11 @@ def hub_log(live) -> str:
 # ----------------------------------------------------------------------------- control plane
 @st.composite
 def frames(draw, wids):
-    kind = draw(st.sampled_from(["op", "op", "op", "op", "token", "shape"]))
+    kind = draw(st.sampled_from(["op", "op", "op", "op", "token", "shape", "tenant"]))
     op = draw(st.sampled_from(sorted(SPECS) + ["nope", "", "_handle"]))
     if kind == "shape":  # a map that is not a request, or a request whose args are not a map
         return draw(st.one_of(st.dictionaries(st.text(max_size=6), values, max_size=4),
-                              st.builds(lambda a: {"id": 1, "op": op, "args": a}, values))), True
+                              st.builds(lambda a: {"id": 1, "op": op, "args": a}, values))), "op"
     args = {}
     for name, (_, required) in SPECS.get(op, {}).items():
         if not required and draw(st.booleans()):
@@ -122,7 +129,7 @@ def frames(draw, wids):
     if op == "wait_latest" and isinstance(t, (int, float)) and not isinstance(t, bool) and 0.05 < t <= MAX_WAIT_S:
         args["timeout_s"] = 0.05  # a valid wait parks until its timeout: keep it short (a bad one is refused at once)
     real_token = kind != "token"
-    if real_token and op in SPECS and op not in SAFE_VALID:
+    if real_token and op in SPECS and op not in SAFE_VALID:  # (a tenant's valid join would change state too)
         try:
             check_args(op, args)
             valid = True
@@ -130,7 +137,8 @@ def frames(draw, wids):
             valid = False
         if valid and (op == "join" or args.get("wid") in wids):  # would really change state: spoil it
             args[draw(st.sampled_from(sorted(SPECS[op])))] = BAD
-    return {"id": draw(st.integers(0, 2**32)), "op": op, "args": args}, real_token
+    return {"id": draw(st.integers(0, 2**32)), "op": op, "args": args}, kind if kind == "tenant" else \
+        ("op" if real_token else "token")
 
 
 class Sender:
@@ -140,9 +148,9 @@ class Sender:
         self.sock.connect(address)
         self.token, self.sent = token, 0
 
-    def send(self, frame: dict, real_token: bool) -> dict:
+    def send(self, frame: dict, who: str) -> dict:
         frame = dict(frame)
-        frame["token"] = self.token if real_token else "not-the-token"
+        frame["token"] = {"op": self.token, "tenant": TENANT_TOKEN}.get(who, "not-the-token")
         self.sock.send_multipart([b"", msgpack.packb(frame)])
         self.sent += 1
         assert self.sock.poll(10_000), f"no reply to {frame!r}"
@@ -159,23 +167,27 @@ def test_fuzzed_control_frames_get_typed_errors_and_change_nothing(live):
               suppress_health_check=list(HealthCheck))
     @given(st.lists(frames(wids), min_size=20, max_size=20))
     def run(batch):
-        for frame, real_token in batch:
-            reply = sender.send(frame, real_token)
+        for frame, who in batch:
+            reply = sender.send(frame, who)
             assert isinstance(reply, dict), reply
             if reply.get("ok"):
-                assert frame.get("op") in SAFE_VALID and real_token, (frame, reply)
+                assert frame.get("op") in SAFE_VALID and who != "token", (frame, reply)
+                if who == "tenant":  # only what needs no scope: nothing of the operator's models shows
+                    assert frame["op"] in ("ping", "stats", "models"), (frame, reply)
+                    assert "policy" not in (reply["result"].get("models", {}) if frame["op"] == "stats"
+                                            else reply["result"] or {}), (frame, reply)
                 continue
             code = reply["error"][0]
             seen[code] = seen.get(code, 0) + 1
             assert code in CODES, (frame, reply)
-            if not real_token:
+            if who == "token":
                 assert code == "auth", (frame, reply)
 
     run()
     sender.sock.close()
     assert sender.sent >= CONTROL_FRAMES
     # The frames reached every layer: auth, framing, argument checks, and the state machine behind them.
-    assert {"auth", "protocol", "invalid_argument", "version", "shard", "not_joined"} <= set(seen), seen
+    assert {"auth", "protocol", "invalid_argument", "version", "shard", "not_joined", "tenant_access"} <= set(seen), seen
     assert snapshot(live) == before
     text = hub_log(live)
     assert "Traceback" not in text and "internal error" not in text, text[-3000:]
