@@ -11,11 +11,11 @@ the engine skips that subprocess. Eager mode writes no compiled kernels (no `tor
 "Enforce eager set, disabling torch.compile ... JIT kernel warmup"); with compilation on, that directory is
 packed the same way, whatever it holds.
 
-The artifact is version 1 of the model `vllm-cache-<key>`: immutable (a second publish of the same key is
-refused by the hub and ignored here: the bytes are the same by construction of the key), every unit
-checksummed by the hub's manifest, and each file's sha256 checked again before it is written. The hub
-stores no bytes: the publishing worker's tensors are the replica, and every joiner that fetched it
-serves it on. Files already present are never overwritten (the cache root may be shared).
+The artifact is a version of the model `vllm-cache-<key>`: immutable, every unit checksummed by the hub's
+manifest, and each file's sha256 checked again before it is written. A worker publishes only when no live
+worker holds one (the bytes are the same by construction of the key); if every holder died, the next
+publisher's bytes become the next version. The hub stores no bytes: the publishing worker's tensors are the
+replica, and every joiner that fetched it serves it on. Files already present are never overwritten.
 """
 from __future__ import annotations
 
@@ -30,10 +30,6 @@ import torch
 from rlsync.hub import errors as E
 
 log = logging.getLogger(__name__)
-
-VERSION = 1
-"""The one version of an artifact: its key already names everything its bytes depend on."""
-
 
 class EngineCacheError(ValueError):
     """An artifact's file did not match its recorded checksum: nothing of it is written."""
@@ -107,21 +103,24 @@ def unpack(tensors: dict[str, torch.Tensor], root: str) -> list[str]:
     return written
 
 
-def _published(hub, key: str) -> bool:
+def _versions(hub, key: str) -> dict | None:
     try:
-        return hub.latest(artifact_model(key)) is not None
+        return hub.versions(artifact_model(key))
     except E.UnknownModelError:  # nobody has published this key yet
-        return False
+        return None
 
 
 def publish_cache(hub, root: str, key: str) -> dict[str, torch.Tensor] | None:
     """Publish `root`'s files as the artifact of `key` from this (joined) worker. Returns the tensors, which
-    the caller keeps alive while it serves them (None: nothing to publish, or a peer published it first)."""
+    the caller keeps alive while it serves them (None: nothing to publish, or a live peer already serves it).
+    When every holder of the last version died, the same bytes go out as the next version (versions are
+    immutable, so a lost one is never published again)."""
     tensors = pack(root)
-    if not tensors or _published(hub, key):
+    info = _versions(hub, key)
+    if not tensors or (info is not None and info["held"]):
         return None
     try:
-        hub.publish(artifact_model(key), VERSION, tensors)
+        hub.publish(artifact_model(key), (info["latest"] or 0) + 1 if info else 1, tensors)
     except E.HubError as e:  # a peer's publish of the same key won the race: same bytes, keep theirs
         log.info("engine cache %s already published (%s)", key, e)
         return None
@@ -129,8 +128,14 @@ def publish_cache(hub, root: str, key: str) -> dict[str, torch.Tensor] | None:
 
 
 def fetch_cache(hub, key: str, root: str) -> list[str]:
-    """Take the artifact of `key` from peers into `root`; returns the files written ([] when no peer has one)."""
-    if not _published(hub, key):
+    """Take the artifact of `key` from peers into `root`; returns the files written ([] when no live peer
+    holds one: the engine then starts cold and makes its own)."""
+    info = _versions(hub, key)
+    if info is None or not info["held"]:
         return []
-    res = hub.fetch(artifact_model(key), VERSION)
+    try:
+        res = hub.fetch(artifact_model(key), max(info["held"]))
+    except E.HubError as e:  # its holders died since: start cold
+        log.warning("engine cache %s: no peer could serve it (%s); starting cold", key, e)
+        return []
     return unpack(res.tensors, root)

@@ -55,14 +55,26 @@ def test_a_joiner_takes_the_cache_from_the_worker_that_made_it(tmp_path, make_cl
     assert held is not None
     written = EC.fetch_cache(joiner, "k1", str(tmp_path / "fresh"))
     assert sorted(written) == sorted(FILES) and _read(tmp_path / "fresh") == FILES
-    # immutable per key: a second maker's publish is not a new version, the first one stays
+    # while a live peer serves it, a second maker publishes nothing: the version stays the first one's
     other = make_client(host="c", name="cold2")
     _tree(tmp_path / "other", {"modelinfos/x.json": b"other"})
     assert EC.publish_cache(other, str(tmp_path / "other"), "k1") is None
-    assert other.latest(EC.artifact_model("k1")) == EC.VERSION
+    assert other.versions(EC.artifact_model("k1"))["committed"] == [1]
     # no artifact under another key: the joiner starts cold, nothing written
     assert EC.fetch_cache(joiner, "k2", str(tmp_path / "none")) == []
     assert not (tmp_path / "none").exists()
+
+
+def test_when_every_holder_left_a_joiner_starts_cold_and_the_next_maker_publishes_a_new_version(tmp_path, make_client):
+    first = make_client(host="a", name="cold")
+    _tree(tmp_path / "made", FILES)
+    assert EC.publish_cache(first, str(tmp_path / "made"), "k4") is not None
+    first.leave()  # its replica goes with it (a killed spot worker)
+    joiner = make_client(host="b", name="warm")
+    assert EC.fetch_cache(joiner, "k4", str(tmp_path / "fresh")) == []
+    assert EC.publish_cache(joiner, str(tmp_path / "made"), "k4") is not None
+    assert joiner.versions(EC.artifact_model("k4"))["committed"] == [1, 2]
+    assert EC.fetch_cache(make_client(host="c"), "k4", str(tmp_path / "again")) == sorted(FILES)
 
 
 def test_an_empty_cache_publishes_nothing(tmp_path, make_client):
