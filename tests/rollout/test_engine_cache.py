@@ -103,3 +103,12 @@ def test_a_path_leaving_the_root_is_refused(tmp_path):
     with pytest.raises(EC.EngineCacheError, match="leaves"):
         EC.unpack(t, str(tmp_path / "root"))
     assert not (tmp_path / "evil").exists()
+
+
+def test_a_weightless_dir_keeps_config_and_tokenizer_and_no_weights(tmp_path):
+    from rlsync.rollout.vllm.model_dir import weightless_dir
+
+    _tree(tmp_path / "model", {"config.json": b"{}", "tokenizer.json": b"{}", "chat_template.jinja": b"x",
+                               "model.safetensors": b"w" * 64, "rlsync-ready": b""})
+    out = weightless_dir(str(tmp_path / "model"), str(tmp_path / "bare"))
+    assert sorted(os.listdir(out)) == ["chat_template.jinja", "config.json", "tokenizer.json"]
