@@ -1,6 +1,6 @@
 """A discrete-event simulator of weight sync at scales this machine cannot run (issue 23, DESIGN §7).
 
-`python -m rlsync.sim validate | paper` (see __main__.py and docs/scale.md). The real hub state
+`python -m rlsync.sim validate | paper | federation | cost` (see __main__.py and docs/scale.md). The real hub state
 machine (`rlsync.hub.state.HubState`, hence the real planner and retention code) makes every
 decision; the simulator only moves bytes over modelled links:
 
@@ -12,6 +12,7 @@ decision; the simulator only moves bytes over modelled links:
     baselines.py   NCCL-style broadcast, trainer-only p2p, object store at any scale
     validate.py    simulated vs measured (a benchmark run's JSON)
     paper.py       the paper's three workloads at its scale
+    cost.py        tokens and reward per dollar, spot vs on-demand (a price model; pure arithmetic)
 
 Room: imports `rlsync.hub` only (never the RL side, never the benchmarks' process machinery).
 """

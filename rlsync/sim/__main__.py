@@ -63,12 +63,45 @@ def main(argv: list[str]) -> int:
     fe.add_argument("--set", type=assumption, action="append", default=[], metavar="NAME=VALUE",
                     help="change a paper assumption (dcs=10 unless set)")
     fe.add_argument("--poll-ms", type=V.positive_float, default=50.0, help="the gateways' poll of the home hub's latest")
+    co = sub.add_parser("cost", help="tokens and reward per dollar: a churning spot pool vs on-demand of equal cost")
+    co.add_argument("--json", type=Path)
+    co.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="change a PriceModel or JobModel field (rlsync/sim/cost.py)")
     a = p.parse_args(argv)
+    if a.cmd == "cost":
+        return _cost(a)
     if a.cmd == "validate":
         return _validate(a)
     if a.cmd == "federation":
         return _federation(a)
     return _paper(a)
+
+
+def _cost(a) -> int:
+    from dataclasses import fields, replace
+
+    from . import cost as C
+    price, job = C.PriceModel(), C.JobModel()
+    for text in a.set:
+        name, _, raw = text.partition("=")
+        obj = price if name in {f.name for f in fields(price)} else job
+        kinds = {f.name: f.type for f in fields(obj)}
+        if name not in kinds:
+            raise SystemExit(f"--set {text!r}: NAME is a field of PriceModel or JobModel (rlsync/sim/cost.py)")
+        value = V.number(raw, int if kinds[name] in ("int", int) else float)
+        price, job = (replace(price, **{name: value}), job) if obj is price else (price, replace(job, **{name: value}))
+    res = C.compare(price, job)
+    res["sweep"], res["balance"] = C.sweep(price, job), C.balance_sweep(price, job)
+    print(f"{res['engines_on_demand']} on-demand engines vs {res['engines_spot']} spot (equal cost per hour): "
+          f"tokens/$ and reward/$ spot/on-demand, cold joiners {res['tokens_per_dollar_ratio_spot_cold_vs_on_demand']:.3f}, "
+          f"warm {res['tokens_per_dollar_ratio_spot_warm_vs_on_demand']:.3f}")
+    for row in res["sweep"]:
+        print(f"  preempt/h {row['preempt_per_h']}, notice {row['notice_fraction']}: cold {row['cold']}, warm {row['warm']}, "
+              f"availability {row['availability_warm']}")
+    for row in res["balance"]:
+        print(f"  on-demand generation / train per step {row['gen_over_train_on_demand']}: cold {row['cold']}, warm {row['warm']}")
+    _write(a.json, res)
+    return 0
 
 
 def _federation(a) -> int:

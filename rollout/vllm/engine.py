@@ -157,6 +157,10 @@ class VllmEngine:
         tensor_parallel_size: int = 1
         """vLLM TP ranks (k > 1: k worker processes on gloo, each reading only its slices from the hub;
         heads, KV heads and MLP width must divide by k; on CPU set VLLM_CPU_OMP_THREADS_BIND, e.g. "0|1")."""
+        load_format: str = "auto"
+        """vLLM's weight loader. "dummy" (a warm spot joiner, docs/elastic.md): random weights, the checkpoint
+        is never read (the directory needs only config.json and the tokenizer); the engine refuses to generate
+        until a version is applied from the hub."""
 
     def __init__(self, config: "VllmEngine.Config", *, eos_token_id: int | None = None,
                  pad_token_id: int | None = None):
@@ -185,7 +189,8 @@ class VllmEngine:
         t0 = time.monotonic()
         self.llm = LLM(model=self.model_dir, dtype=config.dtype, enforce_eager=True, seed=config.seed,
                        max_model_len=config.max_model_len, logprobs_mode="processed_logprobs",
-                       gpu_memory_utilization=config.gpu_memory_utilization, **extra)
+                       gpu_memory_utilization=config.gpu_memory_utilization, load_format=config.load_format,
+                       **extra)
         self.start_s = time.monotonic() - t0
         quiet_dtype_notes()
         tok = None if self._no_tokenizer else self.llm.get_tokenizer()
@@ -194,7 +199,8 @@ class VllmEngine:
             tok.pad_token_id if tok is not None and tok.pad_token_id is not None else self.eos_token_id)
         self._lock = threading.Lock()
         self._version = 0
-        self._broken: str | None = None
+        self._broken: str | None = ("dummy weights (load_format='dummy')"
+                                    if config.load_format == "dummy" else None)
         self._prepared: _Prepared | None = None
         self._prepared_lock = threading.Lock()
         self._build_lock = threading.Lock()

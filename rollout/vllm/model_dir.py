@@ -92,3 +92,15 @@ def _write_smollm2(pkg: str, dest: str) -> None:
     cfg.dtype = torch.bfloat16
     cfg.save_pretrained(dest)
     tok.save_pretrained(dest)
+
+
+def weightless_dir(model_dir: str, dest: str) -> str:
+    """`dest` holding `model_dir`'s config and tokenizer files but none of its weights: what a warm spot
+    joiner (`load_format="dummy"`, weights from the hub) needs on its disk. Returns `dest`."""
+    os.makedirs(dest, exist_ok=True)
+    for name in os.listdir(model_dir):
+        if not name.endswith((".safetensors", ".bin", ".pt", ".gguf")) and name != _READY:
+            src = os.path.join(model_dir, name)
+            if os.path.isfile(src):
+                shutil.copy(src, os.path.join(dest, name))
+    return dest
