@@ -177,6 +177,15 @@ def manifest_from_wire(v: dict) -> Manifest:
     return m
 
 
+def _params(v):
+    """A transform's parameters: a small map of names to scalars (what the hub records beside its name)."""
+    if not isinstance(v, dict) or len(v) > 32 or not all(
+            isinstance(k, str) and len(k) <= 64 and (v[k] is None or isinstance(v[k], (str, int, float, bool)))
+            and (not isinstance(v[k], str) or len(v[k]) <= MAX_STR) for k in v):
+        raise Bad("must be a map of at most 32 names to scalars")
+    return v
+
+
 _WID = _str
 SPECS: dict[str, dict[str, tuple[Callable, bool]]] = {  # op -> argument -> (check, required)
     "ping": {},
@@ -206,6 +215,11 @@ SPECS: dict[str, dict[str, tuple[Callable, bool]]] = {  # op -> argument -> (che
     "applied": {"wid": (_WID, True), "model": (_model, True), "version": (_int(), True),
                 "shard": (_shard, True), "manifest_digest": (_str, True), "done": (_list(_str), True),
                 "release_deltas": (_list(_int()), False)},
+    "derive": {"wid": (_WID, True), "model": (_model, True), "version": (_version_or_latest, True),
+               "transform": (_str, True), "shard": (_shard, True), "params": (_optional(_params), False)},
+    "derive_abandon": {"wid": (_WID, True), "model": (_model, True), "version": (_int(), True),
+                       "shard": (_shard, True)},
+    "derived_from": {"model": (_model, True), "version": (_int(), True)},
     "release": {"wid": (_WID, True), "model": (_model, True), "version": (_int(), True),
                 "shard": (_shard, True), "slot": (_str, False), "handoff": (_bool, False)},
 }

@@ -1,8 +1,7 @@
 """The hub server: one ZeroMQ ROUTER socket, one thread, the `HubState` machine, the journal.
 
-It stores no tensor bytes. It answers joins, publishes, fetch plans (with signed tickets) and
-releases; a release that must wait for in-flight reads to drain is answered later, when the state
-machine says it is done. A periodic tick expires silent workers and re-checks pending releases.
+It stores no tensor bytes. It answers joins, publishes, fetch plans (with signed tickets) and releases (one
+waiting for in-flight reads to drain is answered later); a periodic tick expires silent workers.
 
     hub = start_embedded_hub()          # in-process, in one line; hub.address, hub.token
     python -m rlsync.hub serve --host 127.0.0.1 --port 5555 --token-file tok --journal hub.db
@@ -29,6 +28,7 @@ from rlsync.hub.model.replica_id import ReplicaId
 from rlsync.hub.server.plan_replies import Packed, PlanReplies
 from rlsync.hub.protocol.rpc import MAX_MESSAGE_BYTES, check_port, pack, read_or_create_token
 from rlsync.hub.server.deltas import DeltaOps
+from rlsync.hub.server.derived import DerivedOps
 from rlsync.hub.server.load import HubLoad, packed_map, park_until
 from rlsync.hub.server.waits import DEFERRED as _DEFERRED, WaitOps
 from rlsync.hub.model.shard import Shard
@@ -43,7 +43,7 @@ TICK_S = 0.2
 _MORE = int(zmq.SNDMORE)
 
 
-class HubServer(DeltaOps, WaitOps):
+class HubServer(DeltaOps, DerivedOps, WaitOps):
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0, token: str, journal: str,
                  config: HubConfig | None = None) -> None:
         check_port(port, bind=True)  # ZeroMQ would listen on port % 65536 while the hub names `port`

@@ -54,6 +54,8 @@ class VersionRec:
     group: tuple[int, int]
     manifests: dict[str, Manifest] = field(default_factory=dict)
     committed: bool = False
+    derived_from: dict | None = None
+    """A variant's record (hub/state/derived.py): {"model", "version", "transform", "params"}; None otherwise."""
 
 
 @dataclass(slots=True)

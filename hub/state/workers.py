@@ -9,7 +9,7 @@ import logging
 
 from rlsync.hub import errors as E
 from rlsync.hub.state import retention
-from rlsync.hub.model.names import is_delta_model
+from rlsync.hub.model.names import base_model, is_delta_model, is_variant_model
 from rlsync.hub.model.location import Location
 from rlsync.hub.state.records import ModelRec, ReplicaRec, WorkerRec
 
@@ -101,6 +101,11 @@ class Workers:
         keep = self.cfg.retention.retain_last
         if is_delta_model(model):  # a reader a few versions behind needs the chain (docs/deltas.md)
             keep = max(keep, self.cfg.delta.retain_chain)
+        base = self.models.get(base_model(model)) if is_variant_model(model) else None
+        if base is not None:  # a variant is needed while its base version is, not while it is its model's newest
+            return retention.is_retained(version, base.committed, keep) or retention.is_retained(
+                version, [], keep, pinned=(p.version for p in m.pins.values()),
+                fetching=self._index.fetch_versions.get(model, ()))
         return retention.is_retained(version, m.committed, keep,
                                      pinned=(p.version for p in m.pins.values()),
                                      fetching=self._index.fetch_versions.get(model, ()))

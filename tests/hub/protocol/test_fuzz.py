@@ -47,7 +47,8 @@ PLAUSIBLE = {  # per argument, values that pass its check, so frames reach the s
     "role": st.sampled_from(["worker", "seed", "x"]), "have_manifests": st.sampled_from([[], ["0" * 32]]),
     "explain": st.booleans(), "manifest_digest": st.just("0" * 32), "done": st.sampled_from([[], ["f1"]]),
     "release_deltas": st.sampled_from([[], [1]]), "gone": st.sampled_from([[], ["w1.1:policy:1:tp0-pp0:live"]]), "at_least": st.integers(0, 4),
-    "timeout_s": st.sampled_from([0, 0.05])}
+    "timeout_s": st.sampled_from([0, 0.05]), "transform": st.sampled_from(["bf16", "int8", "delta"]),
+    "params": st.sampled_from([None, {}, {"revision": 1}])}
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**64 - 1), st.floats(allow_nan=True),
                     st.text(max_size=20), st.binary(max_size=40), st.sampled_from(["latest", "policy", "live", "seed"]))
