@@ -129,3 +129,39 @@ def get_transform(name: str) -> Transform:
 
 def transform_names() -> list[str]:
     return TRANSFORMS.names()
+
+
+class VariantReader:
+    """A reader of variant `transform` of `model` through a hub client (duck-typed: `fetch`, `release`,
+    `fetch_variant`): the hub lets the first reader of each version derive it (fetch the base into reusable
+    scratch buffers, transform, publish), every other reads the variant from its holders.
+
+    `conversion_s` / `derivations`: CPU seconds spent transforming and versions derived by this reader
+    (what `bench derived` sums over a pool: once per version, not once per engine)."""
+
+    def __init__(self, hub, model: str, transform: str, *, keep_scratch: bool = True):
+        """`keep_scratch`: keep the base version's buffers between derivations (no page faults next time;
+        costs one copy of the base in memory)."""
+        self.hub, self.model, self.transform, self.keep_scratch = hub, model, get_transform(transform), keep_scratch
+        self.variant_model = f"{model}@{self.transform.name}"
+        self.scratch: dict[str, torch.Tensor] | None = None
+        self.conversion_s, self.derivations, self.base_bytes = 0.0, 0, 0
+
+    def _make(self, version: int, into: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+        base = self.hub.fetch(self.model, version, into=self.scratch)
+        self.scratch, self.base_bytes = base.tensors, self.base_bytes + base.nbytes
+        out = into if into is not None else self.transform.allocate(self.transform.specs(specs_of(base.tensors)))
+        try:
+            self.conversion_s += self.transform.apply(base.tensors, out)
+            self.derivations += 1
+        finally:
+            self.hub.release(self.model, base.version)  # peers read the variant from here, not the base
+            if not self.keep_scratch:
+                self.scratch = None
+        return out
+
+    def fetch(self, version, into: dict[str, torch.Tensor] | None = None, on_unit=None):
+        """The variant of `version` ('latest' or an int) in `into` (allocated when None): a hub `FetchResult`
+        whose `mode` is "derived" when this reader made it."""
+        return self.hub.fetch_variant(self.model, version, self.transform.name, self._make, into=into,
+                                      params=self.transform.params(), on_unit=on_unit)

@@ -1,0 +1,269 @@
+"""`python -m rlsync.bench derived`: N engines on one version stream, variants (made once, read from peers) vs today's fp32 path.
+
+    python -m rlsync.bench derived [--engines 3] [--rounds 4] [--no-vllm] [--json F]
+
+One embedded hub; a trainer client publishing SmolLM2-135M's live fp32 tensors (538 MB) as each version; N pool
+engines on N hosts, each a hub client holding bf16 parameters as a bf16 engine does (HF-engine stand-ins: three
+vLLM engines do not fit beside five other engineers on 2 cores; the apply-time figure is a real vLLM engine's).
+Per version, in one run:
+
+- fp32 path (today): every engine fetches the fp32 version and converts it into its bf16 parameters (a
+  converting copy per engine: N conversions per version, their CPU seconds summed);
+- bf16 variant: the engines ask for `policy@bf16` v at once; the hub gives one of them the lease, it fetches the
+  fp32 version, derives (rlsync/core/transforms.py) and publishes; the others are planned from it (bytes: the
+  variant's size). Then a same-dtype copy into the parameters: no conversion;
+- int8 variant (W8A8, compressed-tensors layout): derived once the same way; `sync_ratio_quantized_vs_bf16` is
+  the fetch time of a non-deriving engine for int8 over bf16, from the same holder;
+- vLLM (unless `--no-vllm`): one SmolLM2 vLLM engine with two stages, alternating versions: the fp32 stage
+  (direct apply with the fp32 -> bf16 converting copy) and the bf16-variant stage (the same apply, same-dtype);
+  `apply_ratio_bf16_vs_fp32` = median apply seconds (checksum re-check + copy + repack) bf16 / fp32;
+- hashes: every engine's variant digest, and one derived independently by another process from version 1.
+
+The load average is written beside the figures: on 2 shared cores they move with it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+from . import register_scenario
+
+log = logging.getLogger(__name__)
+
+_CHILD = r"""
+import os, sys, torch
+from safetensors.torch import load_file
+from rlsync.core.digest import weights_digest
+from rlsync.core.transforms import get_transform, specs_of
+d = sys.argv[1]
+src = {}
+for f in sorted(os.listdir(d)):
+    if f.endswith(".safetensors"):
+        src.update({n: t.float() for n, t in load_file(os.path.join(d, f)).items()})
+t = get_transform(sys.argv[2]); out = t.allocate(t.specs(specs_of(src))); t.apply(src, out)
+print(weights_digest(out))
+"""
+
+
+def _load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def _fp32(model_dir: str) -> dict:
+    from safetensors.torch import load_file
+
+    out = {}
+    for f in sorted(os.listdir(model_dir)):
+        if f.endswith(".safetensors"):
+            out.update({n: t.float().contiguous() for n, t in load_file(os.path.join(model_dir, f)).items()})
+    return out
+
+
+class _PoolEngine:
+    """A bf16 engine's parameters behind a hub client: the fp32 path (fetch, convert) and a variant path."""
+
+    def __init__(self, hub, i: int, specs: dict):
+        import torch
+
+        from rlsync.core.transforms import VariantReader
+        from rlsync.hub import HubClient, Location
+
+        # two workers per engine, so neither path finds the other's bytes already held
+        self.client32, self.client = (HubClient(hub.address, token=hub.token) for _ in range(2))
+        self.client32.join(Location(host=f"h{i + 1}"), name=f"engine{i}-fp32")
+        self.client.join(Location(host=f"h{i + 1}"), name=f"engine{i}")
+        self.params = {n: torch.empty(s, dtype=torch.bfloat16) for n, (s, _) in specs.items()}
+        self.staging32 = None
+        self.variants = {k: VariantReader(self.client, "policy", k, keep_scratch=False) for k in ("bf16", "int8")}
+        self.into = {k: None for k in self.variants}
+
+    def fp32_update(self, v: int) -> dict:
+        import torch
+
+        res = self.client32.fetch("policy", v, into=self.staging32)
+        self.staging32 = res.tensors
+        t0 = time.thread_time()
+        with torch.no_grad():
+            for n, p in self.params.items():
+                p.copy_(res.tensors[n])  # the converting copy every engine does today
+        return {"bytes": res.nbytes, "convert_cpu_s": time.thread_time() - t0, "fetch_s": res.seconds}
+
+    def variant_update(self, kind: str, v: int) -> dict:
+        r = self.variants[kind]
+        before, base0 = r.conversion_s, r.base_bytes
+        res = r.fetch(v, into=self.into[kind])
+        self.into[kind] = res.tensors
+        if kind == "bf16":
+            for n, p in self.params.items():
+                p.copy_(res.tensors[n])  # same dtype: a plain copy, no conversion
+        return {"bytes": res.nbytes + r.base_bytes - base0, "convert_cpu_s": r.conversion_s - before,
+                "fetch_s": res.seconds, "mode": res.mode, "derived": res.mode == "derived"}
+
+
+def _parallel(fns) -> list:
+    out, errs = [None] * len(fns), []
+
+    def run(i, f):
+        try:
+            out[i] = f()
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            errs.append(e)
+
+    ts = [threading.Thread(target=run, args=(i, f)) for i, f in enumerate(fns)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    if errs:
+        raise errs[0]
+    return out
+
+
+def run(engines: int, rounds: int, with_vllm: bool) -> dict:
+    import torch
+
+    from rlsync.core.digest import weights_digest
+    from rlsync.hub import HubClient, Location, start_embedded_hub
+    from rlsync.rollout.vllm.model_dir import prepare_smollm2
+
+    torch.set_num_threads(1)  # conversion CPU seconds are the calling thread's (torch's pool would hide them)
+    load_before = _load()
+    model_dir = prepare_smollm2()
+    hub = start_embedded_hub()
+    trainer = HubClient(hub.address, token=hub.token)
+    trainer.join(Location(host="h0"), name="trainer")
+    params = _fp32(model_dir)
+    state = {"version": 0}
+
+    def publish() -> int:  # the trainer's next version: a small in-place step (no second copy of the model)
+        v = state["version"]
+        if v:
+            trainer.release("policy", v)
+            g = torch.Generator().manual_seed(v)
+            for p in params.values():
+                p.mul_(1 + 0.002 * torch.randn(p.shape, generator=g)).copy_(p.to(torch.bfloat16))
+        state["version"] = v + 1
+        trainer.publish("policy", v + 1, params)
+        return v + 1
+
+    vrows, rows, pool = [], [], []
+    try:
+        if with_vllm:  # phase 1 (alone in memory): one vLLM engine, the two paths on alternate versions
+            vllm = _VllmPair(hub)
+            try:
+                for r in range(2 * rounds):
+                    vrows.append(vllm.update(publish(), "bf16" if r % 2 else "fp32"))
+            finally:
+                vllm.close()
+        pool = [_PoolEngine(hub, i, {n: (tuple(t.shape), t.dtype) for n, t in params.items()}) for i in range(engines)]
+        first = state["version"] + 1
+        for r in range(rounds):
+            version = publish()
+            fp32 = [e.fp32_update(version) for e in pool]
+            bf16 = _parallel([lambda e=e: e.variant_update("bf16", version) for e in pool])
+            int8 = _parallel([lambda e=e: e.variant_update("int8", version) for e in pool])
+            digests = {k: sorted({weights_digest(e.into[k]) for e in pool}) for k in ("bf16", "int8")}
+            row = {"version": version, "fp32": fp32, "bf16": bf16, "int8": int8, "digests": digests,
+                   "load": _load()}
+            rows.append(row)
+            log.info("derived bench v%d: %s", version, {k: [x["mode"] for x in row[k]] for k in ("bf16", "int8")})
+        # the first pool version is the model directory's bytes when no vLLM phase stepped the trainer before it
+        child = subprocess.run([sys.executable, "-c", _CHILD, model_dir, "bf16"], capture_output=True, text=True,
+                               check=True, timeout=600).stdout.strip().splitlines()[-1] if first == 1 else None
+        v1 = rows[0]["digests"]["bf16"]
+    finally:
+        for e in pool:
+            e.client.leave()
+            e.client32.leave()
+        trainer.leave()
+        hub.stop()
+    return _figures(rows, vrows, engines, child, v1, load_before)
+
+
+def _figures(rows: list, vl: list, n: int, child: str | None, v1: list, load_before) -> dict:
+    med = statistics.median
+
+    def per_update(kind: str, key: str) -> float:
+        return med(sum(x[key] for x in row[kind]) / n for row in rows)
+
+    fetch_peer = {k: med(x["fetch_s"] for row in rows for x in row[k] if not x["derived"]) for k in ("bf16", "int8")}
+    out = {
+        "engines": n, "rounds": len(rows),
+        "bytes_per_engine_update": {k: per_update(k, "bytes") for k in ("fp32", "bf16", "int8")},
+        "bytes_per_engine_update_nonderiving": {k: med(x["bytes"] for row in rows for x in row[k] if not x["derived"])
+                                                for k in ("bf16", "int8")},
+        "conversions_per_version": med(sum(1 for x in row["bf16"] if x["derived"]) for row in rows),
+        "conversions_per_version_fp32_path": n,
+        "conversion_cpu_s_per_version": {"fp32_path": med(sum(x["convert_cpu_s"] for x in row["fp32"]) for row in rows),
+                                         "bf16": med(sum(x["convert_cpu_s"] for x in row["bf16"]) for row in rows),
+                                         "int8": med(sum(x["convert_cpu_s"] for x in row["int8"]) for row in rows)},
+        "variant_hashes_equal": all(len(row["digests"][k]) == 1 for row in rows for k in ("bf16", "int8"))
+        and child in (None, v1[0]),
+        "independent_process_digest_equal": None if child is None else v1 == [child],
+        "sync_s_nonderiving": fetch_peer,
+        "sync_ratio_quantized_vs_bf16": fetch_peer["int8"] / fetch_peer["bf16"],
+        "load_before": load_before, "load_after": _load(), "rows": rows,
+    }
+    out["bytes_ratio_bf16_vs_fp32"] = out["bytes_per_engine_update"]["bf16"] / out["bytes_per_engine_update"]["fp32"]
+    out["bytes_ratio_bf16_vs_fp32_nonderiving"] = (out["bytes_per_engine_update_nonderiving"]["bf16"]
+                                                   / out["bytes_per_engine_update"]["fp32"])
+    if vl:
+        out["vllm_rows"] = vl
+        a = {k: [x["apply_s"] for x in vl[2:] if x["path"] == k] for k in ("fp32", "bf16")}  # first of each: warm-up
+        out["vllm_apply_s"] = {k: med(v) if v else None for k, v in a.items()}
+        if a["fp32"] and a["bf16"]:
+            out["apply_ratio_bf16_vs_fp32"] = out["vllm_apply_s"]["bf16"] / out["vllm_apply_s"]["fp32"]
+    return out
+
+
+class _VllmPair:
+    """One vLLM engine, two stages: today's fp32 reads and the bf16 variant; versions alternate between them."""
+
+    def __init__(self, hub):
+        from rlsync.hub import HubClient, Location
+        from rlsync.rollout.vllm.engine import VllmEngine
+        from rlsync.rollout.vllm.stage import HubWeightStage
+
+        self.engine = VllmEngine(VllmEngine.Config(max_model_len=256, max_new_tokens=8))
+        self.clients, self.stages = [], {}
+        for k, variant in (("fp32", None), ("bf16", "bf16")):
+            c = HubClient(hub.address, token=hub.token)
+            c.join(Location(host="hv"), name=f"vllm-{k}")
+            self.clients.append(c)
+            self.stages[k] = HubWeightStage(c, self.engine, config=HubWeightStage.Config(variant=variant))
+
+    def update(self, version: int, path: str) -> dict:
+        s = self.stages[path].update(version)
+        return {"path": path, "apply_s": s.apply_s, "fetch_s": s.fetch_s, "bytes": s.nbytes}
+
+    def close(self) -> None:
+        self.engine.shutdown()
+        for c in self.clients:
+            c.leave()
+
+
+@register_scenario("derived")
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m rlsync.bench derived", description=__doc__.splitlines()[0])
+    p.add_argument("--engines", type=int, default=3, help="pool engines (HF-engine stand-ins), >= 3 for the claim")
+    p.add_argument("--rounds", type=int, default=5, help="versions published")
+    p.add_argument("--no-vllm", action="store_true", help="skip the vLLM apply-time pair")
+    p.add_argument("--json", help="write every figure here")
+    a = p.parse_args(argv)
+    res = run(a.engines, a.rounds, not a.no_vllm)
+    keys = ("engines", "bytes_ratio_bf16_vs_fp32", "bytes_ratio_bf16_vs_fp32_nonderiving", "conversions_per_version",
+            "apply_ratio_bf16_vs_fp32", "variant_hashes_equal", "sync_ratio_quantized_vs_bf16",
+            "conversion_cpu_s_per_version", "load_before", "load_after")
+    for k in keys:
+        print(f"{k:40s} {res.get(k)}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1, default=str)
+    return 0
