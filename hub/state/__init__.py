@@ -12,6 +12,7 @@ One class, split by protocol into mixins (one file each; they share the tables m
     state_releases.py  Releases  release steps (retention decides), hand-offs, seed drops and tasks
     state_deltas.py    Deltas    full version or a chain of deltas for a reader holding an older one
     derived.py         Derivations  who derives a variant (one lease per variant version), its record
+    annotations.py     Annotations  small opaque per-version values (journaled, dropped with the version)
     state_records.py             the records those tables hold (WorkerRec, ReplicaRec, ...)
     state_index.py               the tables' indexes, kept current on every write (no scans)
 Mixins rather than composed helper objects: every protocol reads and writes the same tables in
@@ -33,6 +34,7 @@ from rlsync.hub.delta.plan import DeltaConfig
 from rlsync.hub.errors import InvalidArgumentError
 from rlsync.hub.state.planner import Planner, PlannerConfig
 from rlsync.hub.state.retention import KEEP_OLD, RetentionConfig, RetentionPolicy
+from rlsync.hub.state.annotations import Annotations
 from rlsync.hub.state.deltas import Deltas
 from rlsync.hub.state.derived import Derivations, Lease
 from rlsync.hub.state.fetches import Fetches, check_into_spec
@@ -78,10 +80,12 @@ class HubConfig:
                                            f"got {v!r}")
 
 
-class HubState(Workers, Versions, Fetches, Releases, Deltas, Derivations):
+class HubState(Workers, Versions, Fetches, Releases, Deltas, Derivations, Annotations):
     def __init__(self, cfg: HubConfig, commit_hook: Callable[..., None] | None = None,
-                 clock: Callable[[], float] = time.monotonic, id_prefix: str = "") -> None:
+                 clock: Callable[[], float] = time.monotonic, id_prefix: str = "",
+                 annotate_hook: Callable[..., None] | None = None) -> None:
         self.cfg = cfg
+        self.annotate_hook = annotate_hook  # journals an annotation before it is visible
         self.planner = Planner(cfg.planner)
         self.retention = RetentionPolicy(cfg.retention)
         self.commit_hook = commit_hook
