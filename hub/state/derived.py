@@ -97,10 +97,14 @@ class Derivations:
         return {"model": d.base, "version": version, "transform": d.kind, "params": params}
 
     def _check_variant(self, dm: str, version: int) -> None:
-        """A variant of X v is published once X v has committed (typed refusal, nothing changed)."""
+        """A variant of X v is published once X v has committed (typed refusal, nothing changed). A hub that
+        has never seen X (a peer DC following only the variant: its federation gateway publishes what the
+        home hub committed, byte for byte) takes the variant as it takes any version."""
         base = DerivedName.parse(dm).base
         x = self.models.get(base)
-        xv = x.versions.get(version) if x is not None else None
+        if x is None:
+            return
+        xv = x.versions.get(version)
         if xv is None or not xv.committed:
             raise E.VersionNotFoundError(f"{dm!r} v{version}: its base {base!r} v{version} is not committed; "
                                          "a variant is derived from a committed version")
