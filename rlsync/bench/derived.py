@@ -1,6 +1,6 @@
 """`python -m rlsync.bench derived`: N engines on one version stream, variants (made once, read from peers) vs today's fp32 path.
 
-    python -m rlsync.bench derived [--engines 3] [--rounds 4] [--no-vllm] [--json F]
+    python -m rlsync.bench derived [--engines 3] [--rounds 5] [--vllm-rounds 6] [--json F]
 
 One embedded hub; a trainer client publishing SmolLM2-135M's live fp32 tensors (538 MB) as each version; N pool
 engines on N hosts, each a hub client holding bf16 parameters as a bf16 engine does (HF-engine stand-ins: three
@@ -14,7 +14,8 @@ Per version, in one run:
   variant's size). Then a same-dtype copy into the parameters: no conversion;
 - int8 variant (W8A8, compressed-tensors layout): derived once the same way; `sync_ratio_quantized_vs_bf16` is
   the fetch time of a non-deriving engine for int8 over bf16, from the same holder;
-- vLLM (unless `--no-vllm`): one SmolLM2 vLLM engine with two stages, alternating versions: the fp32 stage
+- vLLM (after the pool has left; `--vllm-rounds 0`: none): one SmolLM2 vLLM engine with two stages, alternating
+  versions: the fp32 stage
   (direct apply with the fp32 -> bf16 converting copy) and the bf16-variant stage (the same apply, same-dtype);
   `apply_ratio_bf16_vs_fp32` = median apply seconds (checksum re-check + copy + repack) bf16 / fp32;
 - hashes: every engine's variant digest, and one derived independently by another process from version 1.
@@ -126,7 +127,7 @@ def _parallel(fns) -> list:
     return out
 
 
-def run(engines: int, rounds: int, with_vllm: bool) -> dict:
+def run(engines: int, rounds: int, vllm_rounds: int) -> dict:
     import torch
 
     from rlsync.core.digest import weights_digest
@@ -155,39 +156,40 @@ def run(engines: int, rounds: int, with_vllm: bool) -> dict:
 
     vrows, rows, pool = [], [], []
     try:
-        if with_vllm:  # phase 1 (alone in memory): one vLLM engine, the two paths on alternate versions
-            vllm = _VllmPair(hub)
-            try:
-                for r in range(2 * rounds):
-                    vrows.append(vllm.update(publish(), "bf16" if r % 2 else "fp32"))
-            finally:
-                vllm.close()
+        # phase 1: the pool (version 1 is the model directory's bytes: another process derives it independently)
         pool = [_PoolEngine(hub, i, {n: (tuple(t.shape), t.dtype) for n, t in params.items()}) for i in range(engines)]
-        first = state["version"] + 1
         for r in range(rounds):
             version = publish()
             fp32 = [e.fp32_update(version) for e in pool]
             bf16 = _parallel([lambda e=e: e.variant_update("bf16", version) for e in pool])
             int8 = _parallel([lambda e=e: e.variant_update("int8", version) for e in pool])
             digests = {k: sorted({weights_digest(e.into[k]) for e in pool}) for k in ("bf16", "int8")}
-            row = {"version": version, "fp32": fp32, "bf16": bf16, "int8": int8, "digests": digests,
-                   "load": _load()}
-            rows.append(row)
-            log.info("derived bench v%d: %s", version, {k: [x["mode"] for x in row[k]] for k in ("bf16", "int8")})
-        # the first pool version is the model directory's bytes when no vLLM phase stepped the trainer before it
+            rows.append({"version": version, "fp32": fp32, "bf16": bf16, "int8": int8, "digests": digests,
+                         "load": _load()})
+            log.info("derived bench v%d: %s", version, {k: [x["mode"] for x in rows[-1][k]] for k in ("bf16", "int8")})
         child = subprocess.run([sys.executable, "-c", _CHILD, model_dir, "bf16"], capture_output=True, text=True,
-                               check=True, timeout=600).stdout.strip().splitlines()[-1] if first == 1 else None
-        v1 = rows[0]["digests"]["bf16"]
+                               check=True, timeout=600).stdout.strip().splitlines()[-1]
+        for e in pool:  # their memory goes before the vLLM engine comes
+            e.client.leave()
+            e.client32.leave()
+        pool = []
+        if vllm_rounds:  # phase 2: one vLLM engine, the two paths on alternate versions
+            vllm = _VllmPair(hub)
+            try:
+                for r in range(2 * vllm_rounds):
+                    vrows.append(vllm.update(publish(), "bf16" if r % 2 else "fp32") | {"load": _load()})
+            finally:
+                vllm.close()
     finally:
         for e in pool:
             e.client.leave()
             e.client32.leave()
         trainer.leave()
         hub.stop()
-    return _figures(rows, vrows, engines, child, v1, load_before)
+    return _figures(rows, vrows, engines, child, rows[0]["digests"]["bf16"], load_before)
 
 
-def _figures(rows: list, vl: list, n: int, child: str | None, v1: list, load_before) -> dict:
+def _figures(rows: list, vl: list, n: int, child: str, v1: list, load_before) -> dict:
     med = statistics.median
 
     def per_update(kind: str, key: str) -> float:
@@ -205,8 +207,8 @@ def _figures(rows: list, vl: list, n: int, child: str | None, v1: list, load_bef
                                          "bf16": med(sum(x["convert_cpu_s"] for x in row["bf16"]) for row in rows),
                                          "int8": med(sum(x["convert_cpu_s"] for x in row["int8"]) for row in rows)},
         "variant_hashes_equal": all(len(row["digests"][k]) == 1 for row in rows for k in ("bf16", "int8"))
-        and child in (None, v1[0]),
-        "independent_process_digest_equal": None if child is None else v1 == [child],
+        and v1 == [child],
+        "independent_process_digest_equal": v1 == [child],
         "sync_s_nonderiving": fetch_peer,
         "sync_ratio_quantized_vs_bf16": fetch_peer["int8"] / fetch_peer["bf16"],
         "load_before": load_before, "load_after": _load(), "rows": rows,
@@ -217,6 +219,7 @@ def _figures(rows: list, vl: list, n: int, child: str | None, v1: list, load_bef
     if vl:
         out["vllm_rows"] = vl
         a = {k: [x["apply_s"] for x in vl[2:] if x["path"] == k] for k in ("fp32", "bf16")}  # first of each: warm-up
+        out["vllm_bytes_per_update"] = {k: med(x["bytes"] for x in vl if x["path"] == k) for k in ("fp32", "bf16")}
         out["vllm_apply_s"] = {k: med(v) if v else None for k, v in a.items()}
         if a["fp32"] and a["bf16"]:
             out["apply_ratio_bf16_vs_fp32"] = out["vllm_apply_s"]["bf16"] / out["vllm_apply_s"]["fp32"]
@@ -254,10 +257,10 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m rlsync.bench derived", description=__doc__.splitlines()[0])
     p.add_argument("--engines", type=int, default=3, help="pool engines (HF-engine stand-ins), >= 3 for the claim")
     p.add_argument("--rounds", type=int, default=5, help="versions published")
-    p.add_argument("--no-vllm", action="store_true", help="skip the vLLM apply-time pair")
+    p.add_argument("--vllm-rounds", type=int, default=6, help="vLLM updates per path (0: no vLLM engine)")
     p.add_argument("--json", help="write every figure here")
     a = p.parse_args(argv)
-    res = run(a.engines, a.rounds, not a.no_vllm)
+    res = run(a.engines, a.rounds, a.vllm_rounds)
     keys = ("engines", "bytes_ratio_bf16_vs_fp32", "bytes_ratio_bf16_vs_fp32_nonderiving", "conversions_per_version",
             "apply_ratio_bf16_vs_fp32", "variant_hashes_equal", "sync_ratio_quantized_vs_bf16",
             "conversion_cpu_s_per_version", "load_before", "load_after")
