@@ -252,14 +252,76 @@ class _VllmPair:
             c.leave()
 
 
+def probe_int8(model_dir: str, out_dir: str) -> dict:
+    """Can this vLLM serve the `int8` variant? Writes the model directory's int8 variant (the transform's own
+    bytes) as a compressed-tensors W8A8 checkpoint, loads it and generates greedily; the error text if not."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from rlsync.core.transforms import get_transform, specs_of
+
+    src = _fp32(model_dir)
+    t = get_transform("int8")
+    q = t.allocate(t.specs(specs_of(src)))
+    t.apply(src, q)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    shutil.copytree(model_dir, out_dir, ignore=shutil.ignore_patterns("*.safetensors", "rlsync-ready"))
+    save_file({n: x.contiguous() for n, x in q.items()}, os.path.join(out_dir, "model.safetensors"))
+    cfg = json.load(open(os.path.join(model_dir, "config.json")))
+    cfg["quantization_config"] = {
+        "quant_method": "compressed-tensors", "format": "int-quantized", "ignore": ["lm_head"],
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+            "num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel", "dynamic": False},
+            "input_activations": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token",
+                                  "dynamic": True}}}}
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    t0 = time.monotonic()
+    try:
+        from vllm import LLM, SamplingParams
+
+        llm = LLM(model=out_dir, dtype="bfloat16", enforce_eager=True, max_model_len=256)
+        text = llm.generate(["What is 3 + 4? Answer:"], SamplingParams(temperature=0, max_tokens=8))[0].outputs[0].text
+        return {"serves": True, "load_s": time.monotonic() - t0, "greedy": text, "bytes": sum(x.nbytes for x in q.values())}
+    except Exception as e:  # noqa: BLE001 - the probe's answer is the error text
+        return {"serves": False, "error": f"{type(e).__name__}: {e}"[:2000]}
+
+
+def probe_repack() -> dict:
+    """What a kernel-layout variant would have to carry: the CPU backend's packed GEMM weight for SmolLM2's 120
+    linear layers (oneDNN here without AMX; sgl's packed tensor with AMX), and the seconds one repack takes."""
+    import torch
+    import vllm._custom_ops as ops
+
+    shapes = [(960, 576), (576, 576), (3072, 576), (576, 1536)] * 30  # qkv, o, gate_up, down per layer
+    ws = [torch.randn(s, dtype=torch.bfloat16) for s in shapes]
+    t0 = time.perf_counter()
+    hs = [ops.create_onednn_mm(w.t(), 32) for w in ws]
+    return {"amx_tile": bool(torch.cpu._is_amx_tile_supported()), "layers": len(ws),
+            "repack_s": time.perf_counter() - t0, "threads": torch.get_num_threads(),
+            "onednn_handler_attrs": sorted(a for a in dir(hs[0]) if not a.startswith("__"))}
+
+
 @register_scenario("derived")
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m rlsync.bench derived", description=__doc__.splitlines()[0])
     p.add_argument("--engines", type=int, default=3, help="pool engines (HF-engine stand-ins), >= 3 for the claim")
     p.add_argument("--rounds", type=int, default=5, help="versions published")
     p.add_argument("--vllm-rounds", type=int, default=6, help="vLLM updates per path (0: no vLLM engine)")
+    p.add_argument("--probe-int8", metavar="DIR", help="only probe whether vLLM serves the int8 variant (written to DIR)")
+    p.add_argument("--probe-repack", action="store_true", help="only probe the kernels' packed weights and repack time")
     p.add_argument("--json", help="write every figure here")
     a = p.parse_args(argv)
+    if a.probe_int8 or a.probe_repack:
+        from rlsync.rollout.vllm.model_dir import prepare_smollm2
+
+        res = probe_repack() if a.probe_repack else probe_int8(prepare_smollm2(), a.probe_int8)
+        print(json.dumps(res, indent=1))
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(res, f, indent=1)
+        return 0
     res = run(a.engines, a.rounds, a.vllm_rounds)
     keys = ("engines", "bytes_ratio_bf16_vs_fp32", "bytes_ratio_bf16_vs_fp32_nonderiving", "conversions_per_version",
             "apply_ratio_bf16_vs_fp32", "variant_hashes_equal", "sync_ratio_quantized_vs_bf16",
