@@ -1,7 +1,7 @@
 """Transforms (rlsync/core/transforms.py): registered, and deterministic across processes.
 
-Two fresh interpreters with different thread counts derive the same variants from the same bytes and must
-produce the same digests as this process: the variant a worker derives is the variant every worker derives.
+A fresh interpreter on one torch thread derives the same variants from the same bytes as this process (its
+default threads) and must produce the same digests: the variant a worker derives is the one every worker derives.
 """
 import json
 import os
@@ -87,7 +87,6 @@ def test_same_bytes_in_two_processes(tmp_path):
         t.apply(src, buf)
         mine[name] = weights_digest(buf)
     env = dict(os.environ)
-    got = [json.loads(subprocess.run([sys.executable, "-c", CHILD, str(path), str(n)], env=env, check=True,
-                                     capture_output=True, text=True, timeout=120).stdout.strip().splitlines()[-1])
-           for n in (1, 2)]
-    assert got[0] == got[1] == mine
+    got = json.loads(subprocess.run([sys.executable, "-c", CHILD, str(path), "1"], env=env, check=True,
+                                    capture_output=True, text=True, timeout=120).stdout.strip().splitlines()[-1])
+    assert got == mine
