@@ -63,7 +63,7 @@ class Variants:
             if r["mode"] == "fetch":
                 try:
                     return self.fetcher.fetch(dm, ver, into, shard, on_unit=on_unit)
-                except E.VersionLostError:  # its holders let it go meanwhile: ask again (maybe derive it)
+                except (E.VersionLostError, E.VersionNotRetainedError):  # its holders let it go: ask again
                     if attempt == 2:
                         raise
                     continue
