@@ -281,9 +281,24 @@ def probe_int8(model_dir: str, out_dir: str) -> dict:
     try:
         from vllm import LLM, SamplingParams
 
+        from rlsync.rollout.vllm.worker_apply import layerwise_reload
+
         llm = LLM(model=out_dir, dtype="bfloat16", enforce_eager=True, max_model_len=256)
-        text = llm.generate(["What is 3 + 4? Answer:"], SamplingParams(temperature=0, max_tokens=8))[0].outputs[0].text
-        return {"serves": True, "load_s": time.monotonic() - t0, "greedy": text, "bytes": sum(x.nbytes for x in q.values())}
+        sp = SamplingParams(temperature=0, max_tokens=8, logprobs=0)
+
+        def greedy():
+            o = llm.generate(["What is 3 + 4? Answer:"], sp)[0].outputs[0]
+            return o.text, [next(iter(x.values())).logprob for x in o.logprobs]
+
+        out = {"serves": True, "load_s": time.monotonic() - t0, "greedy": greedy(),
+               "bytes": sum(x.nbytes for x in q.values())}
+        # applying a version in place: vLLM's layerwise reload of the very same bytes must change nothing
+        t1 = time.monotonic()
+        seen = llm.collective_rpc(layerwise_reload, args=(iter(q.items()),))[0]
+        text, lps = greedy()
+        out["reload_same_bytes"] = {"s": time.monotonic() - t1, "consumed": len(seen), "tensors": len(q),
+                                    "greedy": text, "logprobs_finite": all(x == x for x in lps)}
+        return out
     except Exception as e:  # noqa: BLE001 - the probe's answer is the error text
         return {"serves": False, "error": f"{type(e).__name__}: {e}"[:2000]}
 
