@@ -160,6 +160,17 @@ class VariantReader:
                 self.scratch = None
         return out
 
+    def publish_from(self, version: int, base: dict[str, torch.Tensor], into: dict[str, torch.Tensor] | None = None):
+        """The base's own publisher (the trainer, `sync.variant_by=trainer`): derive `version`'s variant from
+        its live tensors `base` (no fetch) into `into` and publish it, unless another worker already has."""
+        def make(v: int, out: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+            out = out if out is not None else self.transform.allocate(self.transform.specs(specs_of(base)))
+            self.conversion_s += self.transform.apply(base, out)
+            self.derivations += 1
+            return out
+        return self.hub.fetch_variant(self.model, version, self.transform.name, make, into=into,
+                                      params=self.transform.params())
+
     def fetch(self, version, into: dict[str, torch.Tensor] | None = None, on_unit=None):
         """The variant of `version` ('latest' or an int) in `into` (allocated when None): a hub `FetchResult`
         whose `mode` is "derived" when this reader made it."""

@@ -1,6 +1,7 @@
 """`sync.mode=hub` with `sync.variant=bf16|int8`: engines read a derived variant of each version (docs/derived.md).
 
-    publisher: as hub_full (the trainer publishes its live fp32 tensors; it derives nothing)
+    publisher: as hub_full (the trainer publishes its live fp32 tensors); with `sync.variant_by=trainer` rank 0
+               then derives the variant from them and publishes it too (no engine takes the fp32 version)
     receiver:  the first engine to need variant X of v gets the hub's lease, fetches v, applies the registered
                transform (rlsync/core/transforms.py) and publishes `model@X` v; every other engine is planned
                from it (or from a relay of it) like any version. An engine that reads the hub itself (vLLM)
@@ -17,6 +18,19 @@ from rlsync.core.transforms import VariantReader, transform_names
 
 from .base import WeightSync, register_weight_sync
 from .hub_full import HubFullPublisher, HubReceiver
+
+
+class HubDerivedPublisher(HubFullPublisher):
+    def __init__(self, side, rank: int, *, digest: bool = False):
+        super().__init__(side, rank, digest=digest)
+        by_trainer = side.sync.variant_by == "trainer" and self.hub is not None and rank == 0
+        self.deriver = VariantReader(self.hub, self.model, side.sync.variant) if by_trainer else None
+        self._variant: dict | None = None  # the variant's buffers, reused (the last one is released first)
+
+    def _publish(self, version: int, live: dict) -> None:
+        super()._publish(version, live)
+        if self.deriver is not None:
+            self._variant = self.deriver.publish_from(version, live, into=self._variant).tensors
 
 
 class HubDerivedReceiver(HubReceiver):
@@ -45,7 +59,7 @@ class HubDerived(WeightSync):
     """Whole versions' derived variants through the hub: made once, read from peers."""
 
     mode, order = "hub", 3  # after hub_delta and hub_full (which refuse a variant): its refusal is the one shown
-    publisher, receiver = HubFullPublisher, HubDerivedReceiver
+    publisher, receiver = HubDerivedPublisher, HubDerivedReceiver
 
     @classmethod
     def misfit(cls, sync, shape) -> str | None:
@@ -53,6 +67,8 @@ class HubDerived(WeightSync):
             return "needs sync.variant (bf16|int8)"
         if sync.variant not in transform_names():
             return f"sync.variant={sync.variant!r}: known variants {', '.join(transform_names())} (or none)"
+        if sync.variant_by not in ("engine", "trainer"):
+            return f"sync.variant_by={sync.variant_by!r}: engine or trainer"
         if sync.deltas:
             return "with sync.variant: deltas of a variant are not published by this route (sync.deltas=false)"
         return None

@@ -7,6 +7,7 @@ import torch
 
 from rlsync.config.schema import TrainConfig
 from rlsync.core.stall import StallClock
+from rlsync.core.transforms import VariantReader
 from rlsync.hub import ClientConfig, HubClient, Location, start_embedded_hub
 from rlsync.rollout import RolloutEngine
 from rlsync.sync import RunShape, Side, SyncConfig, SyncModeError, choose_route
@@ -57,3 +58,27 @@ def test_three_engines_one_derivation_same_bytes(tmp_path):
         finally:
             for c in clients:
                 c.leave()
+
+
+def test_trainer_derives_by_config_and_engines_take_only_the_variant(tmp_path):
+    cfg = TrainConfig()
+    sync = SyncConfig(variant="bf16", variant_by="trainer", wait_s=30.0)
+    with start_embedded_hub(journal=str(tmp_path / "journal.db")) as hub:
+        trainer, reader = (HubClient(hub.address, hub.token, config=ClientConfig(transport="tcp-py")) for _ in range(2))
+        trainer.join(Location(host="t"), "trainer")
+        reader.join(Location(host="r"), "engine")
+        try:
+            route = choose_route(sync, RunShape())
+            clock = StallClock("t", "trainer")
+            pub = route.publisher(Side(sync=sync, model="policy", hub=trainer, clock=clock, hub_address=hub.address), 0)
+            src, _ = build_policy(cfg.model, cfg.task, cfg.seed)
+            live = {n: p.data for n, p in src.named_parameters()}
+            pub._publish(1, live)
+            assert pub.deriver.derivations == 1
+            engine = VariantReader(reader, "policy", "bf16")
+            got = engine.fetch(1)  # held by the trainer: read, never derived here
+            assert got.mode == "full" and engine.derivations == 0 and engine.base_bytes == 0 and got.nbytes == sum(t.numel() * 2 for t in live.values())
+            assert set(got.bytes_by_source) == {trainer.worker_id}
+        finally:
+            reader.leave()
+            trainer.leave()
