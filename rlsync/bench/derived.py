@@ -9,9 +9,10 @@ Per version, in one run:
 
 - fp32 path (today): every engine fetches the fp32 version and converts it into its bf16 parameters (a
   converting copy per engine: N conversions per version, their CPU seconds summed);
-- bf16 variant: the engines ask for `policy@bf16` v at once; the hub gives one of them the lease, it fetches the
-  fp32 version, derives (rlsync/core/transforms.py) and publishes; the others are planned from it (bytes: the
-  variant's size). Then a same-dtype copy into the parameters: no conversion;
+- bf16 variant: the engines ask for `policy@bf16` v at once. Odd versions (`sync.variant_by=engine`): the hub
+  gives one of them the lease, it fetches the fp32 version, derives (rlsync/core/transforms.py) and publishes;
+  the others are planned from it. Even versions (`sync.variant_by=trainer`): the trainer derived and published
+  it right after v, so every engine reads only the variant. Then a same-dtype copy into the parameters;
 - int8 variant (W8A8, compressed-tensors layout): derived once the same way; `sync_ratio_quantized_vs_bf16` is
   the fetch time of a non-deriving engine for int8 over bf16, from the same holder;
 - vLLM (after the pool has left; `--vllm-rounds 0`: none): one SmolLM2 vLLM engine with two stages, alternating
@@ -131,6 +132,7 @@ def run(engines: int, rounds: int, vllm_rounds: int) -> dict:
     import torch
 
     from rlsync.core.digest import weights_digest
+    from rlsync.core.transforms import VariantReader
     from rlsync.hub import HubClient, Location, start_embedded_hub
     from rlsync.rollout.vllm.model_dir import prepare_smollm2
 
@@ -158,14 +160,20 @@ def run(engines: int, rounds: int, vllm_rounds: int) -> dict:
     try:
         # phase 1: the pool (version 1 is the model directory's bytes: another process derives it independently)
         pool = [_PoolEngine(hub, i, {n: (tuple(t.shape), t.dtype) for n, t in params.items()}) for i in range(engines)]
+        by_trainer = VariantReader(trainer, "policy", "bf16")  # sync.variant_by=trainer, on alternate rounds
+        tbuf = None
         for r in range(rounds):
             version = publish()
             fp32 = [e.fp32_update(version) for e in pool]
+            t_cpu, by = by_trainer.conversion_s, "trainer" if r % 2 else "engine"
+            if by == "trainer":  # right after its publish, from its live tensors: no engine takes fp32
+                tbuf = by_trainer.publish_from(version, params, into=tbuf).tensors
             bf16 = _parallel([lambda e=e: e.variant_update("bf16", version) for e in pool])
+            bf16_trainer = {"derived": by == "trainer", "convert_cpu_s": by_trainer.conversion_s - t_cpu}
             int8 = _parallel([lambda e=e: e.variant_update("int8", version) for e in pool])
             digests = {k: sorted({weights_digest(e.into[k]) for e in pool}) for k in ("bf16", "int8")}
-            rows.append({"version": version, "fp32": fp32, "bf16": bf16, "int8": int8, "digests": digests,
-                         "load": _load()})
+            rows.append({"version": version, "by": by, "fp32": fp32, "bf16": bf16, "bf16_trainer": bf16_trainer,
+                         "int8": int8, "digests": digests, "load": _load()})
             log.info("derived bench v%d: %s", version, {k: [x["mode"] for x in rows[-1][k]] for k in ("bf16", "int8")})
         child = subprocess.run([sys.executable, "-c", _CHILD, model_dir, "bf16"], capture_output=True, text=True,
                                check=True, timeout=600).stdout.strip().splitlines()[-1]
@@ -192,20 +200,25 @@ def run(engines: int, rounds: int, vllm_rounds: int) -> dict:
 def _figures(rows: list, vl: list, n: int, child: str, v1: list, load_before) -> dict:
     med = statistics.median
 
-    def per_update(kind: str, key: str) -> float:
-        return med(sum(x[key] for x in row[kind]) / n for row in rows)
+    def per_engine(kind: str, by: str | None = None) -> float:
+        return med(sum(x["bytes"] for x in row[kind]) / n for row in rows if by in (None, row["by"]))
 
     fetch_peer = {k: med(x["fetch_s"] for row in rows for x in row[k] if not x["derived"]) for k in ("bf16", "int8")}
+    derivations = [sum(1 for x in row["bf16"] if x["derived"]) + row["bf16_trainer"]["derived"] for row in rows]
+    fp32 = per_engine("fp32")
     out = {
         "engines": n, "rounds": len(rows),
-        "bytes_per_engine_update": {k: per_update(k, "bytes") for k in ("fp32", "bf16", "int8")},
+        "bytes_per_engine_update": {"fp32": fp32, "bf16_trainer_derives": per_engine("bf16", "trainer"),
+                                    "bf16_engine_derives": per_engine("bf16", "engine"), "int8": per_engine("int8")},
         "bytes_per_engine_update_nonderiving": {k: med(x["bytes"] for row in rows for x in row[k] if not x["derived"])
                                                 for k in ("bf16", "int8")},
-        "conversions_per_version": med(sum(1 for x in row["bf16"] if x["derived"]) for row in rows),
+        "conversions_per_version": med(derivations), "conversions_per_version_max": max(derivations),
         "conversions_per_version_fp32_path": n,
-        "conversion_cpu_s_per_version": {"fp32_path": med(sum(x["convert_cpu_s"] for x in row["fp32"]) for row in rows),
-                                         "bf16": med(sum(x["convert_cpu_s"] for x in row["bf16"]) for row in rows),
-                                         "int8": med(sum(x["convert_cpu_s"] for x in row["int8"]) for row in rows)},
+        "conversion_cpu_s_per_version": {
+            "fp32_path": med(sum(x["convert_cpu_s"] for x in row["fp32"]) for row in rows),
+            "bf16": med(sum(x["convert_cpu_s"] for x in row["bf16"]) + row["bf16_trainer"]["convert_cpu_s"]
+                        for row in rows),
+            "int8": med(sum(x["convert_cpu_s"] for x in row["int8"]) for row in rows)},
         "variant_hashes_equal": all(len(row["digests"][k]) == 1 for row in rows for k in ("bf16", "int8"))
         and v1 == [child],
         "independent_process_digest_equal": v1 == [child],
@@ -213,9 +226,9 @@ def _figures(rows: list, vl: list, n: int, child: str, v1: list, load_before) ->
         "sync_ratio_quantized_vs_bf16": fetch_peer["int8"] / fetch_peer["bf16"],
         "load_before": load_before, "load_after": _load(), "rows": rows,
     }
-    out["bytes_ratio_bf16_vs_fp32"] = out["bytes_per_engine_update"]["bf16"] / out["bytes_per_engine_update"]["fp32"]
-    out["bytes_ratio_bf16_vs_fp32_nonderiving"] = (out["bytes_per_engine_update_nonderiving"]["bf16"]
-                                                   / out["bytes_per_engine_update"]["fp32"])
+    b = out["bytes_per_engine_update"]
+    out["bytes_ratio_bf16_vs_fp32"] = b["bf16_trainer_derives"] / fp32  # sync.variant_by=trainer
+    out["bytes_ratio_bf16_vs_fp32_engine_derives"] = b["bf16_engine_derives"] / fp32
     if vl:
         out["vllm_rows"] = vl
         a = {k: [x["apply_s"] for x in vl[2:] if x["path"] == k] for k in ("fp32", "bf16")}  # first of each: warm-up
@@ -338,7 +351,7 @@ def main(argv: list[str]) -> int:
                 json.dump(res, f, indent=1)
         return 0
     res = run(a.engines, a.rounds, a.vllm_rounds)
-    keys = ("engines", "bytes_ratio_bf16_vs_fp32", "bytes_ratio_bf16_vs_fp32_nonderiving", "conversions_per_version",
+    keys = ("engines", "bytes_ratio_bf16_vs_fp32", "bytes_ratio_bf16_vs_fp32_engine_derives", "conversions_per_version",
             "apply_ratio_bf16_vs_fp32", "variant_hashes_equal", "sync_ratio_quantized_vs_bf16",
             "conversion_cpu_s_per_version", "load_before", "load_after")
     for k in keys:
