@@ -177,7 +177,7 @@ class TrainerBackend:
                 lp, ent = token_logprobs(self.policy, mb.input_ids, mb.attention_mask,
                                          temperature=c.temperature, with_entropy=True)
                 if gap is None:  # before this step's first update: the rollout's vs our log-probs
-                    gap = _logprob_gap(lp.detach(), mb, self.version)
+                    gap = _mismatch(lp.detach(), mb, self.version)
                 loss, m = self.policy_loss(
                     logprobs=lp, old_logprobs=mb.old_logprobs, advantages=mb.advantages,
                     response_mask=mb.response_mask, entropy=ent,
@@ -197,7 +197,7 @@ class TrainerBackend:
                 n += 1
         self.version += 1
         out = {k: v / n for k, v in sums.items()}
-        out["logprob_gap"] = float("nan") if gap is None else gap
+        out.update(gap or {"logprob_gap": float("nan")})
         out.update({k: float(v) for k, v in extra.items() if k.startswith("offpolicy/")})
         out.update(self._batch_metrics(batch))
         out["step_time_s"] = time.perf_counter() - t0
@@ -265,11 +265,19 @@ def _first_of_each_group(group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.T
     return ids, first
 
 
-def _logprob_gap(lp: torch.Tensor, mb: Batch, version: int) -> float:
-    """Mean |trainer log-prob - rollout log-prob| over response tokens of samples the trainer's current
-    weights generated (a stale sample differs by the policy change too): the engine's numerics
-    (e.g. vLLM's bf16) against the trainer's. NaN when the mini-batch has no such sample."""
+MISMATCH_CLIP = 0.2
+"""`mismatch/is_clip_frac`: share of fresh tokens whose importance weight pi_trainer / pi_sampler is outside 1 +- this."""
+
+
+def _mismatch(lp: torch.Tensor, mb: Batch, version: int) -> dict[str, float]:
+    """Sampler vs trainer on the tokens of samples the trainer's current weights generated (a stale sample
+    differs by the policy change too): the engine's numerics (vLLM's bf16, a quantized variant) against the
+    trainer's. `logprob_gap` mean |difference|; `mismatch/k3` the k3 estimate of KL(sampler || trainer)
+    (exp(d) - d - 1, d = trainer - sampler log-prob); `mismatch/is_clip_frac` the share of importance weights
+    beyond 1 +- MISMATCH_CLIP. NaN when the mini-batch has no such sample."""
     fresh = (mb.versions == version).view(-1, 1) & mb.response_mask.bool()
     if not bool(fresh.any()):
-        return float("nan")
-    return float((lp - mb.old_logprobs).abs()[fresh].mean())
+        return {k: float("nan") for k in ("logprob_gap", "mismatch/k3", "mismatch/is_clip_frac")}
+    d = (lp - mb.old_logprobs)[fresh]
+    return {"logprob_gap": float(d.abs().mean()), "mismatch/k3": float((torch.exp(d) - d - 1).mean()),
+            "mismatch/is_clip_frac": float(((torch.exp(d) - 1).abs() > MISMATCH_CLIP).float().mean())}

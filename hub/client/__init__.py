@@ -21,6 +21,7 @@ One facade over parts that each hold only what they need (etcd's client/v3 shape
     fetch.py     Fetcher    fetch: plan, relay, parallel data-plane pulls, re-plan; `FetchResult`
     deltas.py    Deltas     publish_delta, fetch_delta (a chain of deltas onto the held version), adopt
     partial.py   fetch_units: some units of a shard (resharding reads)
+    derived.py   Variants   fetch_variant: derive a variant once (the hub's lease) or fetch it from its holders
 Each part names the others it calls in its constructor: the circle of mixins calling one another
 through `self` is gone. Callers use the `HubClient` methods; the parts are attributes for tools and
 tests (`client.session.rpc`, `client.replicas.held`).
@@ -38,6 +39,7 @@ import torch
 from rlsync.hub import errors as E
 from rlsync.hub.client.config import ClientConfig
 from rlsync.hub.client.deltas import Deltas
+from rlsync.hub.client.derived import Variants
 from rlsync.hub.client.fetch import FetchResult, Fetcher
 from rlsync.hub.client.partial import PartialResult, fetch_units
 from rlsync.hub.client.publish import Publisher
@@ -80,6 +82,7 @@ class HubClient:
         self.publisher = Publisher(self.session, self.replicas, self.cfg)
         self.fetcher = Fetcher(self.session, self.replicas, self.publisher, self.cfg, self._fetched)
         self.deltas = Deltas(self.session, self.replicas, self.fetcher, self.publisher, self.cfg)
+        self.variants = Variants(self.session, self.fetcher, self.publisher)
         self.session.on_task = lambda model, version, shard: self.fetcher.fetch(model, version, shard=shard)
 
     def _fetched(self, result: FetchResult) -> None:
@@ -189,6 +192,18 @@ class HubClient:
     def adopt(self, model: str, version: int, tensors: dict[str, torch.Tensor], shard: Shard = Shard()) -> None:
         self.deltas.adopt(model, version, tensors, shard)
 
+    # ------------------------------------------------------------------ variants
+    @_doc(Variants.fetch_variant)
+    def fetch_variant(self, model: str, version: int | str, transform: str,
+                      make: Callable[[int, dict | None], dict[str, torch.Tensor]],
+                      into: dict[str, torch.Tensor] | None = None, shard: Shard = Shard(),
+                      params: dict | None = None, on_unit=None) -> FetchResult:
+        return self.variants.fetch_variant(model, version, transform, make, into, shard, params, on_unit)
+
+    @_doc(Variants.derived_from)
+    def derived_from(self, model: str, version: int) -> dict:
+        return self.variants.derived_from(model, version)
+
     # ------------------------------------------------------------------ seams for tests and tools
     def observe_rpc(self, fn: Callable[[str, dict, object], None]) -> Callable[[], None]:
         """Call `fn(op, args, result)` after each control call this client's channel made and the hub
@@ -229,6 +244,22 @@ class HubClient:
         """{model: latest} of every model this client's credential may list (a tenant's: only its own
         and those it may read; the hub token's: all). docs/tenants.md"""
         return self.session.call("models")
+
+    # ------------------------------------------------------------------ per-version annotations
+    def annotate(self, model: str, version: int, key: str, value) -> bool:
+        """Attach a small JSON-able `value` (<= 16 KiB packed) under `key` to committed (model, version).
+
+        The hub keeps it with the version (journaled: it survives a hub restart or failover) and drops
+        it when the version is forgotten; it never interprets it. A key is written once: the same value
+        again returns False (a retry), another value is VersionError. Too big or not JSON-able:
+        InvalidArgumentError before anything is sent; an unknown model or version: UnknownModelError /
+        VersionNotFoundError. A refusal changes nothing. True when the annotation is new."""
+        args = check_args("annotate", {"model": model, "version": version, "key": key, "value": value})
+        return self.session.call("annotate", **args)
+
+    def annotations(self, model: str, version: int) -> dict:
+        """Every annotation of committed (model, version), {key: value} ({} if none)."""
+        return self.session.call("annotations", **check_args("annotations", {"model": model, "version": version}))
 
     def held(self) -> list[str]:
         """Wire ids (`worker:model:version:shard:slot`) of the replicas this worker holds."""

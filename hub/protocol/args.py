@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Callable
 
+import msgpack
+
 from rlsync.hub.errors import HubError, InvalidArgumentError, ProtocolError, ShardError, VersionError
 from rlsync.hub.model.location import Location
 from rlsync.hub.model.manifest import Manifest
@@ -177,6 +179,42 @@ def manifest_from_wire(v: dict) -> Manifest:
     return m
 
 
+def _params(v):
+    """A transform's parameters: a small map of names to scalars (what the hub records beside its name)."""
+    if not isinstance(v, dict) or len(v) > 32 or not all(
+            isinstance(k, str) and len(k) <= 64 and (v[k] is None or isinstance(v[k], (str, int, float, bool)))
+            and (not isinstance(v[k], str) or len(v[k]) <= MAX_STR) for k in v):
+        raise Bad("must be a map of at most 32 names to scalars")
+    return v
+
+
+MAX_ANNOTATION_BYTES = 16 << 10
+"""Largest annotation value, packed: a note on a version (a few probe log-probs), never tensor data."""
+
+
+def _annotation_value(v):
+    """A JSON-able value (None, bool, int, float, str, list, str-keyed map), at most 16 KiB packed."""
+    todo, seen = [(v, 0)], 0
+    while todo:
+        x, depth = todo.pop()
+        seen += 1
+        if depth > 16 or seen > MAX_ANNOTATION_BYTES:
+            raise Bad("must be nested at most 16 deep and hold at most 16384 items")
+        if isinstance(x, (list, tuple)):
+            todo.extend((y, depth + 1) for y in x)
+        elif isinstance(x, dict):
+            if not all(isinstance(k, str) for k in x):
+                raise Bad("must be JSON-able: map keys are strings")
+            todo.extend((y, depth + 1) for y in x.values())
+        elif not (x is None or isinstance(x, (bool, float, str))
+                  or (isinstance(x, int) and -MAX_ID - 1 <= x <= MAX_ID)):
+            raise Bad(f"must be JSON-able (None, bool, int, float, str, list, map), not {type(x).__name__}")
+    size = len(msgpack.packb(v))
+    if size > MAX_ANNOTATION_BYTES:
+        raise Bad(f"must be at most {MAX_ANNOTATION_BYTES} bytes packed ({size} here): store bulk data elsewhere")
+    return msgpack.unpackb(msgpack.packb(v))  # the value as every reader will see it (tuples are lists)
+
+
 _WID = _str
 SPECS: dict[str, dict[str, tuple[Callable, bool]]] = {  # op -> argument -> (check, required)
     "ping": {},
@@ -207,8 +245,16 @@ SPECS: dict[str, dict[str, tuple[Callable, bool]]] = {  # op -> argument -> (che
     "applied": {"wid": (_WID, True), "model": (_model, True), "version": (_int(), True),
                 "shard": (_shard, True), "manifest_digest": (_str, True), "done": (_list(_str), True),
                 "release_deltas": (_list(_int()), False)},
+    "derive": {"wid": (_WID, True), "model": (_model, True), "version": (_version_or_latest, True),
+               "transform": (_str, True), "shard": (_shard, True), "params": (_optional(_params), False)},
+    "derive_abandon": {"wid": (_WID, True), "model": (_model, True), "version": (_int(), True),
+                       "shard": (_shard, True)},
+    "derived_from": {"model": (_model, True), "version": (_int(), True)},
     "release": {"wid": (_WID, True), "model": (_model, True), "version": (_int(), True),
                 "shard": (_shard, True), "slot": (_str, False), "handoff": (_bool, False)},
+    "annotate": {"model": (_model, True), "version": (_int(), True), "key": (_str, True),
+                 "value": (_annotation_value, True)},
+    "annotations": {"model": (_model, True), "version": (_int(), True)},
 }
 
 

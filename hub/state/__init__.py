@@ -11,6 +11,8 @@ One class, split by protocol into mixins (one file each; they share the tables m
     state_fetches.py   Fetches   plan / re-plan / finish a fetch (the planner picks sources)
     state_releases.py  Releases  release steps (retention decides), hand-offs, seed drops and tasks
     state_deltas.py    Deltas    full version or a chain of deltas for a reader holding an older one
+    derived.py         Derivations  who derives a variant (one lease per variant version), its record
+    annotations.py     Annotations  small opaque per-version values (journaled, dropped with the version)
     state_records.py             the records those tables hold (WorkerRec, ReplicaRec, ...)
     state_index.py               the tables' indexes, kept current on every write (no scans)
 Mixins rather than composed helper objects: every protocol reads and writes the same tables in
@@ -35,7 +37,9 @@ from rlsync.hub.state.planner import PlannerConfig
 from rlsync.hub.state.policy import ModelPolicies, ModelPolicy, ModelPolicyConfig
 from rlsync.hub.state.retention import KEEP_OLD, RetentionConfig
 from rlsync.hub.state.tenants import TenantConfig
+from rlsync.hub.state.annotations import Annotations
 from rlsync.hub.state.deltas import Deltas
+from rlsync.hub.state.derived import Derivations, Lease
 from rlsync.hub.state.fetches import Fetches, check_into_spec
 from rlsync.hub.state.index import FetchTable, ReplicaTable, StateIndex
 from rlsync.hub.state.records import (DONE, PENDING, SEED, FetchRec, ModelRec, Pin, Plan, Release, ReplicaRec,
@@ -85,10 +89,12 @@ class HubConfig:
                                            f"got {v!r}")
 
 
-class HubState(Workers, Versions, Fetches, Releases, Deltas):
+class HubState(Workers, Versions, Fetches, Releases, Deltas, Derivations, Annotations):
     def __init__(self, cfg: HubConfig, commit_hook: Callable[..., None] | None = None,
-                 clock: Callable[[], float] = time.monotonic, id_prefix: str = "") -> None:
+                 clock: Callable[[], float] = time.monotonic, id_prefix: str = "",
+                 annotate_hook: Callable[..., None] | None = None) -> None:
         self.cfg = cfg
+        self.annotate_hook = annotate_hook  # journals an annotation before it is visible
         self.policies = ModelPolicies(cfg.planner, cfg.retention, cfg.delta, cfg.models)
         self.planner, self.retention = self.policies.default.planner, self.policies.default.retention
         self.commit_hook = commit_hook
@@ -102,6 +108,7 @@ class HubState(Workers, Versions, Fetches, Releases, Deltas):
         self.pending_releases: set[str] = set()
         self._release_events = ReleaseEvents(self.pending_releases)  # what poll_releases must re-check
         self._index.events = self._release_events
+        self.leases: dict[tuple[str, int, str], Lease] = {}  # (variant model, version, shard) -> its deriver
         self.handoffs: dict[str, str] = {}     # releasing replica id -> seed worker asked to take it
         self.suspects: dict[str, float] = {}   # replica id -> no new reads until this time
         self._ids = itertools.count(1)

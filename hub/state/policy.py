@@ -2,7 +2,7 @@
 
 One `HubConfig` sets the hub's defaults; `HubConfig.models` adds rules, each a model-name pattern
 (`fnmatch`: `team-a/*`, `*-lora`) with the fields it overrides. The first rule that matches a model
-decides (a model's `NAME@delta` companion follows `NAME`'s rule); a field left None keeps the default.
+decides (a model's derived objects (`NAME@delta`, `NAME@bf16`) follow `NAME`'s rule); a field left None keeps the default.
 
     >>> p = ModelPolicies(PlannerConfig(), RetentionConfig(), DeltaConfig(),
     ...                   [ModelPolicyConfig(pattern="lora-*", retain_last=4, fanout_cap=1, delta_mode="never")])
@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 from rlsync.hub.delta.plan import DeltaConfig
 from rlsync.hub.errors import InvalidArgumentError
-from rlsync.hub.model.names import base_model, is_delta_model
+from rlsync.hub.model.names import root_model
 from rlsync.hub.state.planner import Planner, PlannerConfig
 from rlsync.hub.state.retention import RetentionConfig, RetentionPolicy
 
@@ -70,7 +70,7 @@ class ModelPolicies:
     def of(self, model: str) -> ModelPolicy:
         p = self._of.get(model)
         if p is None:
-            name = base_model(model) if is_delta_model(model) else model
+            name = root_model(model)  # a derived object (NAME@delta, NAME@bf16, ...) follows NAME
             p = next((pol for pat, pol in self._rules if fnmatch.fnmatchcase(name, pat)), self.default)
             self._of[model] = p
         return p

@@ -54,6 +54,10 @@ class VersionRec:
     group: tuple[int, int]
     manifests: dict[str, Manifest] = field(default_factory=dict)
     committed: bool = False
+    derived_from: dict | None = None
+    """A variant's record (hub/state/derived.py): {"model", "version", "transform", "params"}; None otherwise."""
+    annotations: dict[str, object] = field(default_factory=dict)
+    """Small opaque values callers attach to the committed version (hub/state/annotations.py)."""
 
 
 @dataclass(slots=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 
 from rlsync.hub import errors as E
-from rlsync.hub.model.names import is_delta_model
+from rlsync.hub.model.names import DerivedName
 from rlsync.hub.model.replica_id import ReplicaId
 from rlsync.hub.state.retention import Action, ReleaseView, SeedWorker, choose_seed_worker, drop_seed
 from rlsync.hub.model.shard import Shard
@@ -141,8 +141,9 @@ class Releases:
                            relays=sum(1 for p in peers if not p.full), inflight=self.inflight_from(r.id),
                            seed_slot=r.slot == "seed", leaving=leaving, handoff_target=target,
                            seed_candidate=self._seed_worker_for(r) if leaving and not target else "",
-                           # a delta (NAME@delta) is derived: losing it costs a full fetch, not a version
-                           origin=r.origin and r.slot == "live" and not is_delta_model(r.model),
+                           # a derived object (NAME@delta, NAME@bf16) is made again from its base: losing it
+                           # costs a full fetch or a derivation, not a version
+                           origin=r.origin and r.slot == "live" and DerivedName.parse(r.model) is None,
                            own_seed=any(p.worker == r.worker and p.slot == "seed" and p.full for p in peers))
 
     def _seed_worker_for(self, r: ReplicaRec) -> str:

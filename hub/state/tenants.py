@@ -2,7 +2,7 @@
 weight. No I/O but reading each tenant's token file once, when the hub starts.
 
 Several jobs share one hub. Each tenant has its own credential (a token) and scopes, each a list of
-model-name patterns (`fnmatch`; a model's `NAME@delta` companion follows `NAME`):
+model-name patterns (`fnmatch`; a model's derived objects (`NAME@delta`, `NAME@bf16`) follow `NAME`):
 
     publish   publish versions of these models (and release, re-register them)
     read      fetch them, ask their `latest` / `versions`
@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass, field
 
 from rlsync.hub.errors import InvalidArgumentError
-from rlsync.hub.model.names import base_model, is_delta_model
+from rlsync.hub.model.names import root_model
 
 PRIORITY_WEIGHTS = {"bulk": 1.0, "normal": 4.0, "interactive": 16.0}
 """Serving weight of each priority class (times the tenant's `share`)."""
@@ -71,7 +71,7 @@ class Tenant:
 
     def may(self, scope: str, model: str) -> bool:
         """May this tenant `scope` (publish | read | list) `model`?"""
-        name = base_model(model) if is_delta_model(model) else model
+        name = root_model(model)  # a derived object (NAME@delta, NAME@bf16, ...) follows NAME
         pats = {"publish": self.publish, "read": self.publish + self.read,
                 "list": self.publish + self.read + self.listing}[scope]
         return any(fnmatch.fnmatchcase(name, p) for p in pats)

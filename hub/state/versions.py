@@ -10,7 +10,7 @@ import logging
 from rlsync.hub import errors as E
 from rlsync.hub.state import retention
 from rlsync.hub.delta.plan import delta_base
-from rlsync.hub.model.names import base_model, delta_model, is_delta_model
+from rlsync.hub.model.names import DerivedName, base_model, delta_model, is_delta_model, is_variant_model
 from rlsync.hub.model.manifest import Manifest
 from rlsync.hub.model.replica_id import ReplicaId
 from rlsync.hub.model.names import LAYOUT_DIGEST
@@ -29,12 +29,17 @@ class Versions:
         if not isinstance(version, int) or isinstance(version, bool) or version < 0:
             raise E.VersionError(f"version must be a non-negative int, got {version!r}")
         m = self.models.get(model)
-        if m is not None and m.latest is not None and version <= m.latest:
+        # a variant is derived from any committed version, in any order, and again by a later deriver once
+        # nobody holds it (same bytes: the manifest check below): only its base's order matters
+        variant = is_variant_model(model)
+        if m is not None and m.latest is not None and version <= m.latest and not variant:
             raise E.VersionError(f"{model!r} version {version} <= latest committed {m.latest}: "
                                  "versions are immutable and strictly increasing")
         delta = is_delta_model(model)
         if delta:
             self._check_delta(wid, model, version, shard, delta_base(manifest))
+        elif variant:
+            self._check_variant(model, version)
         v = m.versions.get(version) if m else None
         rid = ReplicaId(wid, model, version, shard.key).wire
         if rid in self.replicas:
@@ -83,13 +88,19 @@ class Versions:
             self._mark_committed(m, v)
             if not delta:
                 self._commit_pending_delta(model, version)
+        if variant:
+            self._variant_published(wid, model, version, shard, v)
         return commits
 
     def _mark_committed(self, m: ModelRec, v) -> None:
         v.committed = True
         m.committed.append(v.version)
         m.committed.sort()
-        self._release_events.model(m.name)  # older versions may leave retention
+        self._release_events.model(m.name)  # older versions may leave retention (its variants' too)
+        for name in self.models:
+            d = DerivedName.parse(name)
+            if d is not None and d.base == m.name and d.kind != "delta":
+                self._release_events.model(name)
         log.info("committed %s v%d (%d shard%s)", m.name, v.version, v.group[0] * v.group[1],
                  "s" if v.group != (1, 1) else "")
         self._forget_old(m)

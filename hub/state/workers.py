@@ -9,6 +9,7 @@ import logging
 
 from rlsync.hub import errors as E
 from rlsync.hub.state import retention
+from rlsync.hub.model.names import base_model, is_variant_model
 from rlsync.hub.model.location import Location
 from rlsync.hub.state.records import ModelRec, ReplicaRec, WorkerRec
 
@@ -97,7 +98,13 @@ class Workers:
         m = self.models.get(model)
         if m is None:
             return False
-        return retention.is_retained(version, m.committed, self.retained_window(model),
+        keep = self.retained_window(model)
+        base = self.models.get(base_model(model)) if is_variant_model(model) else None
+        if base is not None:  # a variant is needed while its base version is, not while it is its model's newest
+            return retention.is_retained(version, base.committed, keep) or retention.is_retained(
+                version, [], keep, pinned=(p.version for p in m.pins.values()),
+                fetching=self._index.fetch_versions.get(model, ()))
+        return retention.is_retained(version, m.committed, keep,
                                      pinned=(p.version for p in m.pins.values()),
                                      fetching=self._index.fetch_versions.get(model, ()))
 

@@ -375,7 +375,7 @@ class Driver:
         for k in ("value_loss", "critic_grad_norm", "ratio_mean", "sync/trainer_gathered_bytes"):
             if k in tm:
                 out[f"loss/{k}" if k == "value_loss" else k] = tm[k]
-        out.update({k: v for k, v in tm.items() if k.startswith("offpolicy/")})  # trainer/policy_loss.py
+        out.update({k: v for k, v in tm.items() if k.startswith(("offpolicy/", "mismatch/"))})  # docs/derived.md
         if "logprob_gap" in tm:  # rollout engine's log-probs vs the trainer's, same weights (docs/vllm.md)
             out["rollout/logprob_gap"] = tm["logprob_gap"]
         out.update({k: v for k, v in stats.items() if k not in out})

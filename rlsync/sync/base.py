@@ -51,6 +51,14 @@ class SyncConfig:
     """hub: in-flight updates. Each version is staged the moment it commits while the engine generates, and
     the engine switches to it at a decode-step boundary without draining (engines with `EngineCaps.inflight`:
     vllm, hf); samples may then span versions (`Rollout.token_versions`). docs/rl.md, "In-flight updates"."""
+    variant: str = "none"
+    """hub: engines read this derived variant of each version instead of the version as published: `bf16` (a cast)
+    or `int8` (W8A8 per-row), rlsync/core/transforms.py. The first engine to need it derives and publishes it,
+    the others read it from peers; `none`: the version as published (docs/derived.md)."""
+    variant_by: str = "engine"
+    """sync.variant: who derives each version's variant: `engine` (the first engine to need it: it takes the
+    version itself once) or `trainer` (rank 0, right after publishing, from its live tensors: every engine then
+    takes only the variant's bytes; the trainer holds one more copy, in the variant's dtypes)."""
     kv_policy: str = "keep"
     """inflight: what requests in flight do at a switch: `keep` (continue on the KV cache the old weights
     computed, PipelineRL; free) or `recompute` (prefill each in-flight sequence again under the new weights)."""

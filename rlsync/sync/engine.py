@@ -31,8 +31,8 @@ class WeightEngine(Protocol):
     def load_state(self, tensors: Mapping[str, Any], version: int | None = None) -> None:
         """load_state: copy a whole version in from a mapping (checked first: all or nothing)."""
 
-    def attach_hub(self, hub: Any, model: str, layout: Any = None) -> None:
-        """staged / tp_sliced: the engine reads `model` from this joined hub client itself."""
+    def attach_hub(self, hub: Any, model: str, layout: Any = None, variant: str | None = None) -> None:
+        """staged / tp_sliced: the engine reads `model` (its derived `variant`, if given) from this hub client itself."""
 
     def update_latest(self) -> Any:
         """staged / tp_sliced: take the hub's latest now (a `SyncStats`: fetch_s, apply_s, pause_s)."""

@@ -35,4 +35,6 @@ class HubDelta(WeightSync):
 
     @classmethod
     def misfit(cls, sync, shape) -> str | None:
+        if sync.variant != "none":
+            return "publishes no variant's deltas (sync.variant with sync.deltas: not composed)"
         return None if sync.deltas else "needs sync.deltas=true"

@@ -55,13 +55,16 @@ class HubReceiver(WeightReceiver):
         if self.sync.inflight:
             need(self.caps, f"{type(self).__name__} with sync.inflight=true", "inflight")
         if self.caps.reads_hub:  # the hub cannot fetch into vLLM's repacked parameters (docs/vllm.md)
-            engine.attach_hub(self.hub, self.model, layout=self.layout)
+            self._attach()
         self.follower: InflightFollower | None = None
         if self.sync.inflight:  # stage each version as it commits; the engine switches between decode steps
             engine.start_inflight(self.sync.kv_policy)
             self.follower = InflightFollower(self.hub, self.model, engine, self.caps, self.clock, self.sync.wait_s,
                                              nice=self.sync.stage_nice)
             self.follower.start()
+
+    def _attach(self) -> None:
+        self.engine.attach_hub(self.hub, self.model, layout=self.layout)
 
     def ensure(self, min_version: int, eager: bool = False) -> None:
         if self.follower is not None:
@@ -211,4 +214,6 @@ class HubFull(WeightSync):
 
     @classmethod
     def misfit(cls, sync, shape) -> str | None:
+        if sync.variant != "none":
+            return "reads no variants (sync.variant: hub_derived)"
         return "publishes no deltas (sync.deltas=true: hub_delta)" if sync.deltas else None

@@ -23,6 +23,7 @@ import time
 import torch
 
 from rlsync.core.stall import StallClock
+from rlsync.hub.errors import HubError
 from rlsync.sync import RunShape, Side, SyncConfig, choose_route
 from rlsync.workers.elastic import TrainerGroupConfig
 from rlsync.workers.policy import ModelConfig, TaskConfig, build_policy
@@ -76,6 +77,7 @@ class TrainerWorker:
                     if self.rank == 0 or elastic or route.publisher.all_ranks_join else None)
         side = Side(sync=sync, model=hub.model, hub=self.hub, clock=self.clock, hub_address=hub.address, shape=shape)
         self.publisher = route.publisher(side, self.rank, digest=elastic)
+        self.sync_variant = sync.variant  # named beside the mismatch it annotates on each version
 
     def ready(self) -> dict:
         """Parameter names and shapes (metadata only: the driver's no-weights-through-Ray audit)."""
@@ -143,10 +145,12 @@ class TrainerWorker:
     def train(self, batch) -> dict[str, float]:
         """Release the published version, take one step on this rank's share, publish the new version."""
         self.release()
+        sampled_with = self.backend.version  # the version this step's fresh samples were generated with
         with self.clock.state("training"):
             m = self.backend.train_step(batch)
             pub = self.publish()
         m["version"] = pub["version"]
+        self._annotate_mismatch(sampled_with, m)
         # bytes of full-model copies this rank gathered for syncing so far (ZeRO-3 gathered publish; 0 sharded)
         m["sync/trainer_gathered_bytes"] = float(getattr(self.backend, "gathered_bytes", 0))
         if "digest" in pub:
@@ -155,6 +159,18 @@ class TrainerWorker:
             with self.clock.state("loading_weights"):
                 self._keep_backup(pub["version"])
         return m
+
+    def _annotate_mismatch(self, version: int, m: dict) -> None:
+        """Sampler-vs-trainer mismatch of `version`'s samples on the version's hub record (docs/derived.md):
+        what a variant (bf16, int8) costs learning, beside the version it was derived from."""
+        vals = {k.removeprefix("mismatch/"): m[k] for k in ("mismatch/k3", "mismatch/is_clip_frac", "logprob_gap")
+                if k in m and m[k] == m[k]}  # NaN: no fresh sample this step
+        if self.hub is None or self.rank != 0 or not vals or version < 1:
+            return
+        try:
+            self.hub.annotate(self.publisher.model, version, "mismatch", vals | {"variant": self.sync_variant})
+        except HubError as e:  # telemetry: never fails a step (the version may be forgotten already)
+            log.info("mismatch of %s v%d not annotated: %s", self.publisher.model, version, e)
 
     def _keep_backup(self, version: int) -> None:
         """Rank 1 fetches the version rank 0 just published (after a barrier: it is committed) into its

@@ -13,7 +13,8 @@ The direct apply does only the necessary part, with the layout worked out once p
 * every fused parameter (qkv_proj = q | k | v, gate_up_proj = gate | up, stacked along dim 0 in
   `packed_modules_mapping` order) gets a persistent buffer in the engine's dtype, laid out like the
   parameter; each checkpoint tensor is one contiguous row slice of it, so writing a version is one
-  converting copy per checkpoint tensor (fp32 -> bf16) into memory touched before (no page faults);
+  copy per checkpoint tensor into memory touched before (no page faults): a converting one (fp32 -> bf16)
+  for the trainer's fp32 version, a plain one for its bf16 variant (`sync.variant=bf16`, docs/derived.md);
 * each linear layer whose weight was repacked gets its buffer back as its `weight` and its own
   `quant_method.process_weights_after_loading` (the same kernel selection vLLM made at load: oneDNN,
   sgl or zentorch, whichever this CPU uses) repacks it; parameters that keep their storage

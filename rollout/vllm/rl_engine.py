@@ -68,14 +68,17 @@ class HubFedVllmEngine:
         self.engine.apply(iter(tensors.items()), self.engine.version if version is None else version,
                           expect=list(tensors), specs=specs)  # tags the engine with the version
 
-    def attach_hub(self, hub, model: str, follow_s: float = 0.05, layout=None) -> None:
+    def attach_hub(self, hub, model: str, follow_s: float = 0.05, layout=None, variant: str | None = None) -> None:
         """Take weights from `hub` (joined); prefetch each new version as it commits. `layout`: the
-        trainer publishes ZeRO-3 partitions in this `ShardedLayout` (read whole, docs/resharding.md)."""
+        trainer publishes ZeRO-3 partitions in this `ShardedLayout` (read whole, docs/resharding.md).
+        `variant`: read this derived variant of each version (docs/derived.md)."""
+        if variant is not None and self.engine.config.tensor_parallel_size > 1:
+            raise ValueError("sync.variant with a TP vLLM engine is not supported (its ranks read TP slices)")
         if self.engine.config.tensor_parallel_size > 1:
             self.engine.join_hub(hub.address, hub.token, hub.location.host, f"{hub.worker_id}-vllm")
             self._tp = (hub, model, layout)
             return
-        self.stage = HubWeightStage(hub, self.engine, model, layout=layout)
+        self.stage = HubWeightStage(hub, self.engine, model, HubWeightStage.Config(variant=variant), layout=layout)
         self.stage.follow(follow_s)
 
     def generate(self, prompts):

@@ -40,6 +40,7 @@ from typing import Iterator
 
 import torch
 
+from rlsync.core.transforms import VariantReader
 from rlsync.hub import ReshardReader, Shard, ShardedLayout, zero_shard
 
 from .engine import VllmEngine, WeightApplyError
@@ -87,6 +88,10 @@ class HubWeightStage:
         """Keep each applied version in the staging buffers as a hub replica other engines read from."""
         verify: bool = True
         """Check the applied bytes against the manifest checksums on every update."""
+        variant: str | None = None
+        """Read this derived variant of each version (`bf16`, `int8`: rlsync/core/transforms.py) instead of the
+        version as published: the first engine to need it derives and publishes it, the others read it from
+        peers (docs/derived.md). `bf16` into a bf16 engine applies with no converting copy."""
 
     def __init__(self, hub, engine: VllmEngine, model: str = "policy", config: "HubWeightStage.Config | None" = None,
                  *, layout: ShardedLayout | None = None):
@@ -94,6 +99,10 @@ class HubWeightStage:
         self.config = config or HubWeightStage.Config()
         self._reader = ReshardReader(hub, model, layout) if layout is not None else None
         """Sharded versions: whole tensors reassembled from the trainer's partitions (None: whole versions)."""
+        self.variant = VariantReader(hub, model, self.config.variant) if self.config.variant else None
+        """The derived variant read instead of the version (None: the version as published)."""
+        if self.variant is not None and layout is not None:
+            raise ValueError("a variant of a sharded (ZeRO-3) version is not supported: publish gathered")
         self._staging: dict[str, torch.Tensor] | None = None
         self._manifest = None
         self.staged_version: int | None = None
@@ -119,7 +128,10 @@ class HubWeightStage:
             res = self._reader.read_whole(version, into=self._staging)
             self._manifest = res  # its per-shard manifests re-check the staging at apply
             return res
-        res = self.hub.fetch(self.model, version, into=self._staging, on_unit=on_unit)
+        if self.variant is not None:
+            res = self.variant.fetch(version, into=self._staging, on_unit=on_unit)
+        else:
+            res = self.hub.fetch(self.model, version, into=self._staging, on_unit=on_unit)
         self._staging, self._manifest = res.tensors, res.manifest
         return res
 
@@ -334,8 +346,9 @@ class HubWeightStage:
     def _release(self, version: int) -> None:
         """Give back every shard of `version` this stage holds."""
         w = self._reader.layout.world if self._reader is not None else 0
+        model = self.variant.variant_model if self.variant is not None else self.model
         for shard in [zero_shard(r, w) for r in range(w)] or [Shard()]:
-            self.hub.release(self.model, version, shard)
+            self.hub.release(model, version, shard)
 
     def _drop_staged(self, version: int) -> None:
         """Staging bytes failed their checksums: stop serving them (no peer may read them) and forget

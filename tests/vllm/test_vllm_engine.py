@@ -272,3 +272,39 @@ def test_sharded_zero3_version_lands_fused_in_staging_and_applies_exactly(rig):
     finally:
         for c in ranks:
             c.leave()
+
+
+def test_bf16_variant_applies_as_the_fp32_path_with_half_the_bytes(rig):
+    """A stage reading the bf16 variant (docs/derived.md) takes half the bytes into bf16 staging and leaves the
+    engine exactly as today's fp32 path does (greedy tokens and log-probs equal), for weights that are not
+    bf16-exact: the variant's cast is bit for bit the conversion the engine's apply did itself."""
+    from rlsync.hub import HubClient, Location
+    from rlsync.rollout.vllm.stage import HubWeightStage
+
+    client = HubClient(rig.hub.address, token=rig.hub.token)
+    client.join(Location(host="h0"), name="vllm0-bf16")
+    bf16 = HubWeightStage(client, rig.engine, config=HubWeightStage.Config(variant="bf16"))
+    rig.engine.config.do_sample = False
+    try:
+        v = rig.publish(41)
+        rig.trainer.release("policy", v)
+        g = torch.Generator().manual_seed(41)
+        for p in rig.params.values():  # off the bf16 grid: both paths must round alike
+            p.add_(p.abs() * 1e-3 * torch.rand(p.shape, generator=g))
+        rig.version += 1
+        rig.trainer.publish("policy", rig.version, rig.params)
+        s1 = rig.stage.update(rig.version)
+        a = rig.engine.generate(rig.prompts)
+        rig.trainer.release("policy", rig.version)
+        rig.version += 1
+        rig.trainer.publish("policy", rig.version, rig.params)  # the same bytes again, read the other way
+        s2 = bf16.update(rig.version)
+        b = rig.engine.generate(rig.prompts)
+        assert b.version == rig.version == a.version + 1
+        assert s2.nbytes * 2 == s1.nbytes and {t.dtype for t in bf16._staging.values()} == {torch.bfloat16}
+        assert a.response_ids == b.response_ids and torch.equal(a.logprobs, b.logprobs)
+        assert bf16.variant.derivations == 1 and client.derived_from("policy@bf16", rig.version)["transform"] == "bf16"
+    finally:
+        rig.engine.config.do_sample = True
+        bf16.close()
+        client.leave()

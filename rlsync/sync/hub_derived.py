@@ -1,0 +1,74 @@
+"""`sync.mode=hub` with `sync.variant=bf16|int8`: engines read a derived variant of each version (docs/derived.md).
+
+    publisher: as hub_full (the trainer publishes its live fp32 tensors); with `sync.variant_by=trainer` rank 0
+               then derives the variant from them and publishes it too (no engine takes the fp32 version)
+    receiver:  the first engine to need variant X of v gets the hub's lease, fetches v, applies the registered
+               transform (rlsync/core/transforms.py) and publishes `model@X` v; every other engine is planned
+               from it (or from a relay of it) like any version. An engine that reads the hub itself (vLLM)
+               gets the variant name with the hub client (`attach_hub(variant=...)`): its stage does the same
+               into its host staging, and a bf16 variant applies into bf16 kernels with no converting copy.
+
+Needs an engine whose buffers have the variant's dtypes (`named_parameters_for_sync` in bf16 for `bf16`), or
+one that reads the hub itself. Not composed here: deltas (`sync.deltas`; the hub can carry a variant's delta,
+this route does not publish them) and ZeRO-3 sharded publishing.
+"""
+from __future__ import annotations
+
+from rlsync.core.transforms import VariantReader, transform_names
+
+from .base import WeightSync, register_weight_sync
+from .hub_full import HubFullPublisher, HubReceiver
+
+
+class HubDerivedPublisher(HubFullPublisher):
+    def __init__(self, side, rank: int, *, digest: bool = False):
+        super().__init__(side, rank, digest=digest)
+        by_trainer = side.sync.variant_by == "trainer" and self.hub is not None and rank == 0
+        self.deriver = VariantReader(self.hub, self.model, side.sync.variant) if by_trainer else None
+        self._variant: dict | None = None  # the variant's buffers, reused (the last one is released first)
+
+    def _publish(self, version: int, live: dict) -> None:
+        super()._publish(version, live)
+        if self.deriver is not None:
+            self._variant = self.deriver.publish_from(version, live, into=self._variant).tensors
+
+
+class HubDerivedReceiver(HubReceiver):
+    def __init__(self, side, engine, *, params=None, delay_s: float = 0.0):
+        self.variant = side.sync.variant  # read by attach_hub in the base constructor
+        super().__init__(side, engine, params=params, delay_s=delay_s)
+        self.reader = VariantReader(self.hub, self.model, self.variant)
+
+    def _attach(self) -> None:
+        self.engine.attach_hub(self.hub, self.model, layout=self.layout, variant=self.variant)
+
+    def _read(self):
+        if self.caps.reads_hub:
+            return self.engine.update_latest()
+        # fetch_variant releases what the engine's buffers held (a replica of the last variant) before writing
+        return self.reader.fetch("latest", into=self.engine.named_parameters_for_sync())
+
+    @property
+    def conversion_s(self) -> float:
+        """CPU seconds this engine spent deriving variants (others read them from it)."""
+        return self.reader.conversion_s
+
+
+@register_weight_sync("hub_derived")
+class HubDerived(WeightSync):
+    """Whole versions' derived variants through the hub: made once, read from peers."""
+
+    mode, order = "hub", 3  # after hub_delta and hub_full (which refuse a variant): its refusal is the one shown
+    publisher, receiver = HubDerivedPublisher, HubDerivedReceiver
+
+    @classmethod
+    def misfit(cls, sync, shape) -> str | None:
+        if sync.variant == "none":
+            return "needs sync.variant (bf16|int8)"
+        if sync.variant not in transform_names():
+            return f"sync.variant={sync.variant!r}: known variants {', '.join(transform_names())} (or none)"
+        if sync.variant_by not in ("engine", "trainer"):
+            return f"sync.variant_by={sync.variant_by!r}: engine or trainer"
+        if sync.deltas:
+            return "with sync.variant: deltas of a variant are not published by this route (sync.deltas=false)"
+        return None
