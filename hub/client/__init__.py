@@ -225,6 +225,22 @@ class HubClient:
     def stats(self) -> dict:
         return self.session.call("stats")
 
+    # ------------------------------------------------------------------ per-version annotations
+    def annotate(self, model: str, version: int, key: str, value) -> bool:
+        """Attach a small JSON-able `value` (<= 16 KiB packed) under `key` to committed (model, version).
+
+        The hub keeps it with the version (journaled: it survives a hub restart or failover) and drops
+        it when the version is forgotten; it never interprets it. A key is written once: the same value
+        again returns False (a retry), another value is VersionError. Too big or not JSON-able:
+        InvalidArgumentError before anything is sent; an unknown model or version: UnknownModelError /
+        VersionNotFoundError. A refusal changes nothing. True when the annotation is new."""
+        args = check_args("annotate", {"model": model, "version": version, "key": key, "value": value})
+        return self.session.call("annotate", **args)
+
+    def annotations(self, model: str, version: int) -> dict:
+        """Every annotation of committed (model, version), {key: value} ({} if none)."""
+        return self.session.call("annotations", **check_args("annotations", {"model": model, "version": version}))
+
     def held(self) -> list[str]:
         """Wire ids (`worker:model:version:shard:slot`) of the replicas this worker holds."""
         return sorted(self.replicas.held)

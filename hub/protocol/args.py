@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Callable
 
+import msgpack
+
 from rlsync.hub.errors import HubError, InvalidArgumentError, ProtocolError, ShardError, VersionError
 from rlsync.hub.model.location import Location
 from rlsync.hub.model.manifest import Manifest
@@ -177,6 +179,33 @@ def manifest_from_wire(v: dict) -> Manifest:
     return m
 
 
+MAX_ANNOTATION_BYTES = 16 << 10
+"""Largest annotation value, packed: a note on a version (a few probe log-probs), never tensor data."""
+
+
+def _annotation_value(v):
+    """A JSON-able value (None, bool, int, float, str, list, str-keyed map), at most 16 KiB packed."""
+    todo, seen = [(v, 0)], 0
+    while todo:
+        x, depth = todo.pop()
+        seen += 1
+        if depth > 16 or seen > MAX_ANNOTATION_BYTES:
+            raise Bad("must be nested at most 16 deep and hold at most 16384 items")
+        if isinstance(x, (list, tuple)):
+            todo.extend((y, depth + 1) for y in x)
+        elif isinstance(x, dict):
+            if not all(isinstance(k, str) for k in x):
+                raise Bad("must be JSON-able: map keys are strings")
+            todo.extend((y, depth + 1) for y in x.values())
+        elif not (x is None or isinstance(x, (bool, float, str))
+                  or (isinstance(x, int) and -MAX_ID - 1 <= x <= MAX_ID)):
+            raise Bad(f"must be JSON-able (None, bool, int, float, str, list, map), not {type(x).__name__}")
+    size = len(msgpack.packb(v))
+    if size > MAX_ANNOTATION_BYTES:
+        raise Bad(f"must be at most {MAX_ANNOTATION_BYTES} bytes packed ({size} here): store bulk data elsewhere")
+    return msgpack.unpackb(msgpack.packb(v))  # the value as every reader will see it (tuples are lists)
+
+
 _WID = _str
 SPECS: dict[str, dict[str, tuple[Callable, bool]]] = {  # op -> argument -> (check, required)
     "ping": {},
@@ -208,6 +237,9 @@ SPECS: dict[str, dict[str, tuple[Callable, bool]]] = {  # op -> argument -> (che
                 "release_deltas": (_list(_int()), False)},
     "release": {"wid": (_WID, True), "model": (_model, True), "version": (_int(), True),
                 "shard": (_shard, True), "slot": (_str, False), "handoff": (_bool, False)},
+    "annotate": {"model": (_model, True), "version": (_int(), True), "key": (_str, True),
+                 "value": (_annotation_value, True)},
+    "annotations": {"model": (_model, True), "version": (_int(), True)},
 }
 
 

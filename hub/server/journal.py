@@ -25,6 +25,9 @@ CREATE TABLE IF NOT EXISTS versions (
   model TEXT NOT NULL, version INTEGER NOT NULL, tp_size INTEGER NOT NULL, pp_size INTEGER NOT NULL,
   manifests BLOB NOT NULL, committed_at REAL NOT NULL, PRIMARY KEY (model, version));
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS annotations (
+  model TEXT NOT NULL, version INTEGER NOT NULL, key TEXT NOT NULL, value BLOB NOT NULL,
+  PRIMARY KEY (model, version, key));
 """
 
 
@@ -59,6 +62,20 @@ class Journal:
         with self._lock:
             self._db.execute("DELETE FROM versions WHERE model=? AND version<? AND version < "
                              "(SELECT MAX(version) FROM versions WHERE model=?)", (model, below, model))
+            self._db.execute("DELETE FROM annotations WHERE model=? AND version NOT IN "
+                             "(SELECT version FROM versions WHERE model=?)", (model, model))
+
+    def record_annotation(self, model: str, version: int, key: str, value) -> None:
+        """A version's annotation (hub/state/annotations.py), durable before the hub shows it."""
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO annotations VALUES (?,?,?,?)",
+                             (model, version, key, msgpack.packb(value)))
+
+    def load_annotations(self) -> list[tuple[str, int, str, object]]:
+        with self._lock:
+            rows = self._db.execute("SELECT model, version, key, value FROM annotations "
+                                    "ORDER BY model, version, key").fetchall()
+        return [(m, v, k, msgpack.unpackb(b, strict_map_key=False)) for m, v, k, b in rows]
 
     def load(self) -> list[tuple[str, int, tuple[int, int], dict[str, dict], float]]:
         with self._lock:

@@ -28,6 +28,7 @@ from rlsync.hub.model.location import Location
 from rlsync.hub.model.replica_id import ReplicaId
 from rlsync.hub.server.plan_replies import Packed, PlanReplies
 from rlsync.hub.protocol.rpc import MAX_MESSAGE_BYTES, check_port, pack, read_or_create_token
+from rlsync.hub.server.annotations import AnnotationOps
 from rlsync.hub.server.deltas import DeltaOps
 from rlsync.hub.server.load import HubLoad, packed_map, park_until
 from rlsync.hub.server.waits import DEFERRED as _DEFERRED, WaitOps
@@ -43,7 +44,7 @@ TICK_S = 0.2
 _MORE = int(zmq.SNDMORE)
 
 
-class HubServer(DeltaOps, WaitOps):
+class HubServer(DeltaOps, WaitOps, AnnotationOps):
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0, token: str, journal: str,
                  config: HubConfig | None = None) -> None:
         check_port(port, bind=True)  # ZeroMQ would listen on port % 65536 while the hub names `port`
@@ -63,8 +64,8 @@ class HubServer(DeltaOps, WaitOps):
             restored.extend(parsed.values())
         for m in restored[-self._known.size:]:
             self._known.add(m)
-        # A restart: replica locations are soft state the workers re-register within a heartbeat or
-        # two. Until then "no holder" is not an answer: such fetches wait (parked) for them.
+        self._init_annotations()  # journaled ones re-attached to their restored versions
+        # A restart: workers re-register replicas within a beat or two; till then "no holder" waits.
         self._grace_until = time.monotonic() + self.cfg.reregister_grace_s if restored else 0.0
         self._parked: list[tuple[bytes, object, str, dict, tuple[float, float]]] = []
         self._init_waits()  # wait_latest's parked replies (hub/server/waits.py)
@@ -247,8 +248,7 @@ class HubServer(DeltaOps, WaitOps):
                 "worker_timeout_s": self.cfg.worker_timeout_s}
 
     def op_heartbeat(self, ident, rid, wid: str):
-        """{"drops", "tasks"} when there is something to say; nil when not (most beats: every worker
-        beats each `heartbeat_s`, and a remote worker's beats cross its DC link)."""
+        """{"drops", "tasks"} when there is something to say; nil when not (most beats, some across a DC link)."""
         self.state.touch(wid)
         drops, tasks = self.state.drops_for(wid), self.state.tasks_for(wid)
         return {"drops": drops, "tasks": tasks} if drops or tasks else None

@@ -11,6 +11,7 @@ One class, split by protocol into mixins (one file each; they share the tables m
     state_fetches.py   Fetches   plan / re-plan / finish a fetch (the planner picks sources)
     state_releases.py  Releases  release steps (retention decides), hand-offs, seed drops and tasks
     state_deltas.py    Deltas    full version or a chain of deltas for a reader holding an older one
+    annotations.py     Annotations  small opaque per-version values (journaled, dropped with the version)
     state_records.py             the records those tables hold (WorkerRec, ReplicaRec, ...)
     state_index.py               the tables' indexes, kept current on every write (no scans)
 Mixins rather than composed helper objects: every protocol reads and writes the same tables in
@@ -32,6 +33,7 @@ from rlsync.hub.delta.plan import DeltaConfig
 from rlsync.hub.errors import InvalidArgumentError
 from rlsync.hub.state.planner import Planner, PlannerConfig
 from rlsync.hub.state.retention import KEEP_OLD, RetentionConfig, RetentionPolicy
+from rlsync.hub.state.annotations import Annotations
 from rlsync.hub.state.deltas import Deltas
 from rlsync.hub.state.fetches import Fetches, check_into_spec
 from rlsync.hub.state.index import FetchTable, ReplicaTable, StateIndex
@@ -76,10 +78,12 @@ class HubConfig:
                                            f"got {v!r}")
 
 
-class HubState(Workers, Versions, Fetches, Releases, Deltas):
+class HubState(Workers, Versions, Fetches, Releases, Deltas, Annotations):
     def __init__(self, cfg: HubConfig, commit_hook: Callable[..., None] | None = None,
-                 clock: Callable[[], float] = time.monotonic, id_prefix: str = "") -> None:
+                 clock: Callable[[], float] = time.monotonic, id_prefix: str = "",
+                 annotate_hook: Callable[..., None] | None = None) -> None:
         self.cfg = cfg
+        self.annotate_hook = annotate_hook  # journals an annotation before it is visible
         self.planner = Planner(cfg.planner)
         self.retention = RetentionPolicy(cfg.retention)
         self.commit_hook = commit_hook

@@ -54,6 +54,8 @@ class VersionRec:
     group: tuple[int, int]
     manifests: dict[str, Manifest] = field(default_factory=dict)
     committed: bool = False
+    annotations: dict[str, object] = field(default_factory=dict)
+    """Small opaque values callers attach to the committed version (hub/state/annotations.py)."""
 
 
 @dataclass(slots=True)

@@ -125,7 +125,8 @@ def test_every_op_refuses_each_wrong_typed_argument(hub, joined, op, caplog):
             "fetch_id": "f", "failed": [], "units": [0], "ok": True, "manifest": {"t": [], "u": []},
             "worker_id": "w", "role": "worker", "follow": False, "group": ["g", 1], "into_spec": [],
             "handoff": False, "base": 0, "origin": False, "have_manifests": [], "explain": False,
-            "manifest_digest": "0" * 32, "done": [], "release_deltas": [], "gone": [], "at_least": 1, "timeout_s": 0}
+            "manifest_digest": "0" * 32, "done": [], "release_deltas": [], "gone": [], "at_least": 1, "timeout_s": 0,
+            "key": "k", "value": 1}
     state = hub.server.state
     before = (sorted(state.workers), sorted(state.replicas), sorted(state.fetches))
     for arg in SPECS[op]:

@@ -33,7 +33,7 @@ pytestmark = pytest.mark.timeout(300)
 CONTROL_FRAMES = 2000
 DATA_REQUESTS = 300
 CODES = set(E._BY_CODE) - {"hub_error"}  # every typed error; "hub_error" is the internal-error reply
-SAFE_VALID = {"ping", "stats", "latest", "versions", "wait_latest"}  # read-only ops a frame may call validly
+SAFE_VALID = {"ping", "stats", "latest", "versions", "wait_latest", "annotations"}  # read-only ops a frame may call validly
 BAD = {"bad": 1}  # refused by every argument's check (see wire_args)
 PLAUSIBLE = {  # per argument, values that pass its check, so frames reach the state machine too
     "model": st.sampled_from(["policy", "nope"]), "version": st.one_of(st.integers(0, 4), st.just("latest")),
@@ -47,7 +47,7 @@ PLAUSIBLE = {  # per argument, values that pass its check, so frames reach the s
     "role": st.sampled_from(["worker", "seed", "x"]), "have_manifests": st.sampled_from([[], ["0" * 32]]),
     "explain": st.booleans(), "manifest_digest": st.just("0" * 32), "done": st.sampled_from([[], ["f1"]]),
     "release_deltas": st.sampled_from([[], [1]]), "gone": st.sampled_from([[], ["w1.1:policy:1:tp0-pp0:live"]]), "at_least": st.integers(0, 4),
-    "timeout_s": st.sampled_from([0, 0.05])}
+    "timeout_s": st.sampled_from([0, 0.05]), "key": st.just("k"), "value": st.just([1.5])}
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**64 - 1), st.floats(allow_nan=True),
                     st.text(max_size=20), st.binary(max_size=40), st.sampled_from(["latest", "policy", "live", "seed"]))
@@ -128,7 +128,7 @@ def frames(draw, wids):
             valid = True
         except E.HubError:
             valid = False
-        if valid and (op == "join" or args.get("wid") in wids):  # would really change state: spoil it
+        if valid and (op in ("join", "annotate") or args.get("wid") in wids):  # would really change state: spoil it
             args[draw(st.sampled_from(sorted(SPECS[op])))] = BAD
     return {"id": draw(st.integers(0, 2**32)), "op": op, "args": args}, real_token
 
