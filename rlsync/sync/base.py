@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 from rlsync.core.registry import Registry
 
 from .engine import caps_of
+from .verify import VerifyConfig
 
 
 @dataclass(kw_only=True)
@@ -54,6 +55,8 @@ class SyncConfig:
     kv_policy: str = "keep"
     """inflight: what requests in flight do at a switch: `keep` (continue on the KV cache the old weights
     computed, PipelineRL; free) or `recompute` (prefill each in-flight sequence again under the new weights)."""
+    verify: VerifyConfig = dataclasses.field(default_factory=VerifyConfig)
+    """hub routes: what each engine computes with, checked after every apply (docs/verify.md)."""
 
 
 class SyncModeError(ValueError):
@@ -225,6 +228,11 @@ class WeightReceiver(ABC):
 
     def prefetch(self) -> None:
         """Start fetching what is newer while the engine generates (engines that stage); else nothing."""
+
+    def verify_generated(self) -> set[int]:
+        """After a `generate`: check versions switched in during it (in flight); the versions that failed a
+        check since the last call (their samples must not be trained: the driver drops them). docs/verify.md."""
+        return set()
 
     def connect(self, arg: Any, meta: dict) -> None:
         raise TypeError(f"{type(self).__name__}: this route has no driver set-up")

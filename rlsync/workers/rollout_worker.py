@@ -163,6 +163,7 @@ class RolloutWorker:
         self.receiver.ensure(min_version, eager=self.rollout_cfg.eager_fetch)
         if self.engine.version != held:
             log.info("holding v%d (was v%d; this call needs >= v%d)", self.engine.version, held, min_version)
+        self.receiver.verify_generated()                 # failures before generating were healed: nothing used them
         self.receiver.prefetch()                         # fetch what is newer while this batch generates
         t0 = time.perf_counter()
         if seed is not None:
@@ -173,6 +174,9 @@ class RolloutWorker:
             batch = out.to_batch(rewards, group_ids)
             if self.inject.generate_delay_s:
                 time.sleep(self.inject.generate_delay_s)
+        unverified = sorted(self.receiver.verify_generated())  # in flight: versions switched in while generating
+        if unverified:
+            log.warning("rollout used v%s, which failed verification: the driver drops those samples", unverified)
         self.clock.enter("idle")
         groups = [batch.select(torch.arange(i * g, (i + 1) * g)) for i in range(len(prompts))]
         took = time.perf_counter() - t0
@@ -180,7 +184,7 @@ class RolloutWorker:
                  len(prompts), g, len(out.response_ids), sum(map(len, out.response_ids)), out.version, took,
                  float(rewards.mean()))
         return RolloutResult(worker=self.worker_id, version=out.version, groups=groups, generate_s=took,
-                             completions=self._as_text(prompts, out, rewards, samples))
+                             completions=self._as_text(prompts, out, rewards, samples), unverified_versions=unverified)
 
     def _as_text(self, prompts: list, out, rewards: torch.Tensor, k: int) -> list[Completion]:
         """`k` of the call's responses decoded (the driver's sample of completions: a few strings, not the batch)."""
