@@ -116,11 +116,13 @@ class HubReceiver(WeightReceiver):
             self.follower.last_sources = dict(got.bytes_by_source)
             ev = FetchEvent.from_result(got, wid=self.hub.worker_id, dc=self.hub.location.dc)
             self.clock.event(FetchEvent.NAME, **ev.attrs())
-        self._verify(got.version, None if self.caps.reads_hub else self.follower.manifest)
+        self._verify(got.version, None if self.caps.reads_hub else self.follower.manifest, in_flight=got.in_flight)
 
     def verify_generated(self) -> set[int]:
         if self.verifier is None:
             return set()
+        with self.clock.state("loading_weights"):
+            self.verifier.settle()  # an overlapped weights check of the version this batch used
         if self.follower is not None:  # switches made inside `generate`: checked now, before its samples go out
             for got in self.engine.take_switches():
                 self._record_switch(got)
@@ -213,17 +215,25 @@ class HubReceiver(WeightReceiver):
         if not self.caps.reads_hub or got.bytes_by_source:  # else: applied a version already fetched and recorded
             ev = FetchEvent.from_result(got, wid=self.hub.worker_id, dc=self.hub.location.dc, **extra)
             self.clock.event(FetchEvent.NAME, **ev.attrs())
-        self._verify(got.version, getattr(got, "manifest", None))
+        if getattr(got, "nbytes", 1) or getattr(got, "apply_s", 0.0):  # else nothing moved or was applied: nothing new to check
+            self._verify(got.version, getattr(got, "manifest", None))
 
-    def _verify(self, version: int, manifest=None) -> None:
-        """Check what the engine now computes with; on a failure quarantine it and re-apply (verify.py)."""
+    def _verify(self, version: int, manifest=None, in_flight: bool = False) -> None:
+        """Check what the engine now computes with; on a failure quarantine it and re-apply (verify.py).
+        `in_flight`: switched in inside `generate` (its samples exist already). Overlapped (the weights check
+        runs while the engine generates; `verify_generated` waits for it) only for an engine the hub fetches
+        into and that does not switch in flight: else buffers the check reads (the engine's spare, a vLLM
+        stage's staging, which its prefetch refills) may change under it."""
         if self.verifier is None:
             return
         staged = None
         if self.caps.reads_hub:  # the engine converts from its own staging: it says what it applied from
             manifest, staged = self.engine.verify_source()
         with self.clock.state("loading_weights"):
-            self.verifier.heal(version, manifest, self._reapply, staged)
+            if self.sync.verify.overlap and self.follower is None and not self.caps.reads_hub:
+                self.verifier.start(version, manifest, self._reapply, staged)
+            else:
+                self.verifier.heal(version, manifest, self._reapply, staged, used=in_flight)
 
     def _reapply(self, version: int):
         """Take `version` again, never from this worker's own copy (it may be the corrupt one)."""

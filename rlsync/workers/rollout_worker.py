@@ -163,7 +163,6 @@ class RolloutWorker:
         self.receiver.ensure(min_version, eager=self.rollout_cfg.eager_fetch)
         if self.engine.version != held:
             log.info("holding v%d (was v%d; this call needs >= v%d)", self.engine.version, held, min_version)
-        self.receiver.verify_generated()                 # failures before generating were healed: nothing used them
         self.receiver.prefetch()                         # fetch what is newer while this batch generates
         t0 = time.perf_counter()
         if seed is not None:
@@ -174,7 +173,7 @@ class RolloutWorker:
             batch = out.to_batch(rewards, group_ids)
             if self.inject.generate_delay_s:
                 time.sleep(self.inject.generate_delay_s)
-        unverified = sorted(self.receiver.verify_generated())  # in flight: versions switched in while generating
+        unverified = sorted(self.receiver.verify_generated())  # checks that ran while generating, or in flight
         if unverified:
             log.warning("rollout used v%s, which failed verification: the driver drops those samples", unverified)
         self.clock.enter("idle")
@@ -207,6 +206,8 @@ class RolloutWorker:
         finally:
             cfg.do_sample = was
             self.clock.enter("idle")
+        if self.receiver.verify_generated():
+            log.warning("evaluation at v%d used weights that then failed verification", out.version)
         r = rewards.tolist()
         return {"reward_mean": sum(r) / len(r), "accuracy": sum(x >= 1.0 for x in r) / len(r),
                 "version": float(out.version), "mean_response_tokens": sum(map(len, out.response_ids)) / len(r)}

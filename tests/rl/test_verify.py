@@ -26,7 +26,7 @@ def tiny(seed: int = 0) -> torch.nn.Module:
 
 
 @contextmanager
-def rig(tmp_path, engine_cls=RolloutEngine, probe_every: int = 1):
+def rig(tmp_path, engine_cls=RolloutEngine, probe_every: int = 1, overlap: bool = True):
     """A hub, a trainer client holding `src` (published as v1 with its probe) and a reader's receiver."""
     with start_embedded_hub(journal=str(tmp_path / "journal.db")) as hub:
         trainer = HubClient(hub.address, hub.token, config=ClientConfig(transport="tcp-py"))
@@ -40,7 +40,7 @@ def rig(tmp_path, engine_cls=RolloutEngine, probe_every: int = 1):
             engine = engine_cls(RolloutEngine.Config(), tiny(seed=0), pad_token_id=0, eos_token_id=2)
             engine.version = -1
             clock = StallClock("r", "rollout")
-            sync = SyncConfig(verify=VerifyConfig(probe_every=probe_every))
+            sync = SyncConfig(verify=VerifyConfig(probe_every=probe_every, overlap=overlap))
             side = Side(sync=sync, model="policy", hub=reader, clock=clock, hub_address=hub.address)
             yield trainer, reader, src, engine, HubReceiver(side, engine), clock
         finally:
@@ -60,14 +60,16 @@ def same_weights(engine, src) -> bool:
 def test_a_clean_apply_passes_both_checks_and_the_probe_is_a_hub_annotation(tmp_path):
     with rig(tmp_path) as (trainer, reader, src, engine, receiver, clock):
         receiver.ensure(1)
+        assert receiver.verify_generated() == set()  # the worker's call after generating: the check is done
         assert engine.version == 1 and same_weights(engine, src)
         assert receiver.verifier.checks == {"weights": 1, "probe": 1}
         assert events(clock, "verify")[0]["ok"] and not events(clock, "verify_failed")
         assert len(reader.annotations("policy", 1)[PROBE_KEY]["logprobs"]) == 15
 
 
-def test_a_byte_flipped_after_its_unit_was_checked_is_caught_and_healed_from_another_replica(tmp_path):
-    with rig(tmp_path) as (trainer, reader, src, engine, receiver, clock):
+@pytest.mark.parametrize("overlap", [True, False])
+def test_a_byte_flipped_after_its_unit_was_checked_is_caught_and_healed_from_another_replica(tmp_path, overlap):
+    with rig(tmp_path, overlap=overlap) as (trainer, reader, src, engine, receiver, clock):
         flips = []
 
         def flip_after_check(sources, dest, pull):
@@ -80,11 +82,12 @@ def test_a_byte_flipped_after_its_unit_was_checked_is_caught_and_healed_from_ano
 
         reader.set_pull_fault(flip_after_check)
         receiver.ensure(1)
+        # overlapped: found while the batch generated, so its samples go (the driver drops v1's); else before
+        assert receiver.verify_generated() == ({1} if overlap else set())
         failed = events(clock, "verify_failed")
         assert [(f["check"], f["version"]) for f in failed] == [("weights", 1)]
         assert "down_proj" in failed[0]["detail"]
         assert engine.version == 1 and same_weights(engine, src)  # re-applied from the trainer's copy
-        assert receiver.verify_generated() == {1}  # failed before generating: the worker clears it, nothing used it
 
 
 class SkipsALayer(RolloutEngine):
@@ -108,9 +111,11 @@ class ReportsNewHoldsOld(SkipsALayer):
 
 @pytest.mark.parametrize("engine_cls", [SkipsALayer, ReportsNewHoldsOld])
 def test_an_engine_that_does_not_hold_the_version_it_reports_is_quarantined(tmp_path, engine_cls):
-    with rig(tmp_path, engine_cls) as (trainer, reader, src, engine, receiver, clock):
+    with rig(tmp_path, engine_cls, probe_every=0) as (trainer, reader, src, engine, receiver, clock):
+        receiver.ensure(1)
         with pytest.raises(WeightsVerifyError, match="weights check failed"):  # units pack small tensors together
-            receiver.ensure(1)
+            receiver.verify_generated()
+        assert receiver.verifier.failed == {1}  # what the worker would report: its samples are dropped
         assert engine.version == -1  # quarantined: the worker generates nothing with it
         assert len(events(clock, "verify_failed")) == receiver.sync.verify.reapply_attempts + 1
 
