@@ -90,7 +90,7 @@ class HubReceiver(WeightReceiver):
         """In-flight: record the switches made inside `generate`, take a staged newer version now (between
         calls), and when the engine still lacks `min_version`, wait until the follower has staged it."""
         for got in self.engine.take_switches():
-            self._record_switch(got)
+            self._record_switch(got, used=True)
         self._switch()
         if self.engine.version >= min_version:
             return
@@ -108,15 +108,16 @@ class HubReceiver(WeightReceiver):
         if got is not None:
             self._record_switch(got)
 
-    def _record_switch(self, got) -> None:
-        """An in-flight switch (a `SyncStats`): the pause is the swap; never moves the engine's version."""
+    def _record_switch(self, got, used: bool = False) -> None:
+        """An in-flight switch (a `SyncStats`): the pause is the swap; never moves the engine's version.
+        `used`: made inside a `generate` (its samples exist: a failed check marks them)."""
         self.clock.event("engine_update", version=got.version, fetch_s=got.fetch_s, apply_s=got.apply_s,
                          pause_s=got.pause_s, fetch_wait_s=got.fetch_wait_s, in_flight=got.in_flight)
         if got.bytes_by_source:
             self.follower.last_sources = dict(got.bytes_by_source)
             ev = FetchEvent.from_result(got, wid=self.hub.worker_id, dc=self.hub.location.dc)
             self.clock.event(FetchEvent.NAME, **ev.attrs())
-        self._verify(got.version, None if self.caps.reads_hub else self.follower.manifest, in_flight=got.in_flight)
+        self._verify(got.version, None if self.caps.reads_hub else self.follower.manifest, in_flight=used)
 
     def verify_generated(self) -> set[int]:
         if self.verifier is None:
@@ -125,7 +126,7 @@ class HubReceiver(WeightReceiver):
             self.verifier.settle()  # an overlapped weights check of the version this batch used
         if self.follower is not None:  # switches made inside `generate`: checked now, before its samples go out
             for got in self.engine.take_switches():
-                self._record_switch(got)
+                self._record_switch(got, used=True)
         failed, self.verifier.failed = self.verifier.failed, set()
         return failed
 

@@ -179,3 +179,50 @@ def test_the_driver_drops_and_counts_samples_of_a_version_that_failed_verificati
     res = RolloutResult(worker="w", version=3, groups=[group(3), group(4)], unverified_versions=[4])
     kept = verified_groups(res, Counter)
     assert len(kept) == 1 and Counter.quarantined_samples == 2
+
+
+def test_in_flight_a_version_switched_in_while_generating_that_fails_marks_that_batch(tmp_path):
+    """sync.inflight: v2 is staged into the spare buffers as it commits (a bit flipped after its units were
+    checked) and switched in by `generate`; the check after the batch fails, so the worker reports v2 (the
+    driver drops the batch's v2 samples), and v2 is taken again into the spare buffers and switched in."""
+    with start_embedded_hub(journal=str(tmp_path / "j2.db")) as hub:
+        trainer = HubClient(hub.address, hub.token, config=ClientConfig(transport="tcp-py"))
+        reader = HubClient(hub.address, hub.token, config=ClientConfig(transport="tcp-py"))
+        trainer.join(Location(host="t"), "trainer")
+        reader.join(Location(host="r"), "reader")
+        engine = RolloutEngine(RolloutEngine.Config(max_new_tokens=4), tiny(seed=0), pad_token_id=0, eos_token_id=2)
+        engine.version = -1
+        clock = StallClock("r", "rollout")
+        side = Side(sync=SyncConfig(inflight=True, verify=VerifyConfig(probe_every=0)), model="policy", hub=reader,
+                    clock=clock, hub_address=hub.address)
+        src = tiny(seed=1)
+        live = {n: p.data for n, p in src.named_parameters()}
+        trainer.publish("policy", 1, live)
+        receiver = HubReceiver(side, engine)
+        try:
+            receiver.ensure(1)
+            assert engine.version == 1 and receiver.verify_generated() == set()
+            flips = []
+
+            def flip_after_check(sources, dest, pull):
+                out = pull(sources)
+                if not flips:
+                    engine.next_buffers()["model.norm.weight"].view(-1).view(torch.uint8)[9] ^= 0x20
+                    flips.append(1)
+                return out
+
+            reader.set_pull_fault(flip_after_check)
+            trainer.release("policy", 1)
+            for t in live.values():
+                t.add_(0.01)
+            trainer.publish("policy", 2, live)
+            assert receiver.follower.wait_staged(2, 30.0)
+            out = engine.generate([[1, 5, 6], [1, 7, 8]])
+            assert out.version == 2 or (out.token_versions is not None and int(out.token_versions.max()) == 2)
+            assert receiver.verify_generated() == {2}
+            assert [f["version"] for f in events(clock, "verify_failed")] == [2]
+            assert engine.version == 2 and same_weights(engine, src)  # taken again, switched in
+        finally:
+            receiver.close()
+            reader.leave()
+            trainer.leave()
