@@ -216,7 +216,7 @@ class HubReceiver(WeightReceiver):
         if not self.caps.reads_hub or got.bytes_by_source:  # else: applied a version already fetched and recorded
             ev = FetchEvent.from_result(got, wid=self.hub.worker_id, dc=self.hub.location.dc, **extra)
             self.clock.event(FetchEvent.NAME, **ev.attrs())
-        if getattr(got, "nbytes", 1) or getattr(got, "apply_s", 0.0):  # else nothing moved or was applied: nothing new to check
+        if getattr(got, "nbytes", 1) or getattr(got, "apply_s", 0.0):  # else nothing new to check
             self._verify(got.version, getattr(got, "manifest", None))
 
     def _verify(self, version: int, manifest=None, in_flight: bool = False) -> None:
