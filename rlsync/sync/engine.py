@@ -76,6 +76,9 @@ class WeightEngine(Protocol):
     def reapply(self, version: int) -> None:
         """verify + reads_hub: fetch `version` again from another replica and apply it."""
 
+    def staging_held(self) -> Any:
+        """verify + reads_hub: a context in which nothing refills the staging `verify_source` returned."""
+
 
 METHODS = {"in_place_fetch": ("named_parameters_for_sync",), "load_state": ("load_state",),
            "staged": ("attach_hub", "update_latest", "apply_staged", "prefetch_latest", "close"),
@@ -85,7 +88,7 @@ METHODS = {"in_place_fetch": ("named_parameters_for_sync",), "load_state": ("loa
 """The methods each capability promises."""
 INFLIGHT_WITH = {"staged": ("stage_version",), "in_place_fetch": ("next_buffers", "offer_next")}
 """What an in-flight engine adds for the way weights reach it."""
-VERIFY_WITH = ("verify_source", "reapply")
+VERIFY_WITH = ("verify_source", "reapply", "staging_held")
 """What a verifiable engine that reads the hub itself adds (the receiver has no staging of its own)."""
 
 

@@ -23,7 +23,7 @@ from rlsync.hub import errors as E
 from .base import Side, WeightPublisher, WeightReceiver, WeightSync, register_weight_sync
 from .engine import need
 from .inflight import InflightFollower
-from .verify import EngineVerifier, publish_probe
+from .verify import EngineVerifier, WeightsVerifyError, publish_probe
 
 log = logging.getLogger(__name__)
 
@@ -227,14 +227,21 @@ class HubReceiver(WeightReceiver):
         stage's staging, which its prefetch refills) may change under it."""
         if self.verifier is None:
             return
-        staged = None
-        if self.caps.reads_hub:  # the engine converts from its own staging: it says what it applied from
-            manifest, staged = self.engine.verify_source()
         with self.clock.state("loading_weights"):
-            if self.sync.verify.overlap and self.follower is None and not self.caps.reads_hub:
-                self.verifier.start(version, manifest, self._reapply, staged)
+            if self.caps.reads_hub:  # the engine converts from its own staging: it says what it applied from
+                first = None
+                with self.engine.staging_held():
+                    manifest, staged = self.engine.verify_source()
+                    try:
+                        self.verifier.check(version, manifest, staged)
+                        return
+                    except WeightsVerifyError as e:
+                        first = e
+                self.verifier.heal(version, manifest, self._reapply, staged, used=in_flight, first=first)
+            elif self.sync.verify.overlap and self.follower is None:
+                self.verifier.start(version, manifest, self._reapply)
             else:
-                self.verifier.heal(version, manifest, self._reapply, staged, used=in_flight)
+                self.verifier.heal(version, manifest, self._reapply, used=in_flight)
 
     def _reapply(self, version: int):
         """Take `version` again, never from this worker's own copy (it may be the corrupt one)."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import contextmanager
 from typing import Any
 
 from rlsync.hub import Manifest
@@ -208,9 +209,18 @@ class HubFedVllmEngine:
         return self.engine.probe_logprobs(tokens)
 
     def verify_source(self) -> tuple:
-        """(manifest, staging) of the version last applied (None, None: a sharded read has no one manifest)."""
-        m = self.stage._manifest
-        return (m, self.stage._staging) if isinstance(m, Manifest) else (None, None)
+        """(manifest, staging) of the version last applied; (None, None) when the staging holds something else
+        (a prefetch of a newer version began: the apply's own unit re-check covered it) or a sharded read
+        (no one manifest). Call it inside `staging_held()`."""
+        st, m = self.stage, self.stage._manifest
+        moved = (st._fetch is not None and st._fetch.is_alive()) or st.staged_version != self.engine.version
+        return (m, st._staging) if isinstance(m, Manifest) and not moved else (None, None)
+
+    @contextmanager
+    def staging_held(self):
+        """No prefetch refills the staging while the verifier compares the engine with it (the stage's lock)."""
+        with self.stage._lock:
+            yield
 
     def reapply(self, version: int) -> None:
         """Withdraw this engine's staging replica (it may be the corrupt copy) and fetch + apply `version` again."""
