@@ -162,13 +162,14 @@ class EngineVerifier:
         """Time spent checking, all applies (the bench's overhead)."""
         self.checks = {"weights": 0, "probe": 0}
         self._pending: tuple | None = None  # an overlapped weights check: (version, manifest, staged, reapply, thread, box)
+        self._probe_later: tuple | None = None  # (version, reapply): its probe was not annotated yet at the apply
 
     def probe_due(self, version: int) -> bool:
         return self.cfg.probe_every > 0 and version % self.cfg.probe_every == 0
 
     def check(self, version: int, manifest: Any, staged: dict | None = None, probe: bool = True) -> float:
         """Run the checks due for `version` on what the engine now holds; the seconds they took."""
-        t0 = time.perf_counter()
+        t0, before = time.perf_counter(), dict(self.checks)
         try:
             if self.cfg.weights and manifest is not None:
                 self._weights(version, manifest, staged)
@@ -177,7 +178,8 @@ class EngineVerifier:
         finally:
             took = time.perf_counter() - t0
             self.seconds += took
-        self.clock.event("verify", version=version, seconds=took, ok=True)
+        ran = [k for k, n in self.checks.items() if n > before[k]]  # what had something to compare
+        self.clock.event("verify", version=version, seconds=took, ok=True, checks=",".join(ran))
         return took
 
     def _weights(self, version: int, manifest: Any, staged: dict | None, readback: dict | None = None) -> None:
@@ -234,8 +236,11 @@ class EngineVerifier:
     def start(self, version: int, manifest: Any, reapply: Any, staged: dict | None = None) -> None:
         """The probe (due or not) now; the weights check in a background thread (`settle` waits for it)."""
         self.settle()
-        if self.probe_due(version):
-            self.heal(version, None, reapply)  # the probe needs the engine idle: before it generates
+        if self.probe_due(version):  # the probe needs the engine idle: before it generates, or after if the
+            if self.hub.annotations(self.model, version).get(PROBE_KEY) is None:  # trainer has not annotated yet
+                self._probe_later = (version, reapply)
+            else:
+                self.heal(version, None, reapply)
         if not self.cfg.weights or manifest is None:
             return
         box: list = []
@@ -256,6 +261,13 @@ class EngineVerifier:
     def settle(self) -> float:
         """Wait for an overlapped check (the seconds waited: its cost on the critical path); on a failure the
         version goes to `failed` (the engine generated with it) and is healed now."""
+        later, self._probe_later = self._probe_later, None
+        waited = self._settle_weights()
+        if later is not None and later[0] == self.engine.version:  # annotated meanwhile (or skipped if never)
+            self.heal(later[0], None, later[1], used=True)
+        return waited
+
+    def _settle_weights(self) -> float:
         if self._pending is None:
             return 0.0
         version, manifest, staged, reapply, t, box = self._pending
@@ -267,7 +279,7 @@ class EngineVerifier:
         if err is not None and not isinstance(err, WeightsVerifyError):
             raise err
         if err is None:
-            self.clock.event("verify", version=version, seconds=waited, ok=True, overlapped=True)
+            self.clock.event("verify", version=version, seconds=waited, ok=True, overlapped=True, checks="weights")
         else:
             self.heal(version, manifest, reapply, staged, used=True, first=err)
         return waited
