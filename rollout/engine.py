@@ -108,7 +108,7 @@ class _SwitchBetweenSteps:
 
 
 class RolloutEngine:
-    sync_caps: ClassVar[EngineCaps] = EngineCaps(in_place_fetch=True, load_state=True, inflight=True)
+    sync_caps: ClassVar[EngineCaps] = EngineCaps(in_place_fetch=True, load_state=True, inflight=True, verify=True)
     """One process, plain torch parameters: the hub writes into them, or `load_state` copies in; in flight,
     the next version lands in spare tensors and each parameter is re-pointed at them between two decode steps."""
 
@@ -268,6 +268,22 @@ class RolloutEngine:
         Writing into these tensors changes the model: the hub fetches weights straight into them.
         """
         return {name: p.data for name, p in self.model.named_parameters()}
+
+    # ------------------------------------------------------------------ verification (EngineCaps.verify)
+    def weights_readback(self) -> dict[str, torch.Tensor]:
+        """name -> the tensor the forward reads now (after an in-flight switch: the former spare), no copy."""
+        return self.named_parameters_for_sync()
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @torch.no_grad()
+    def probe_logprobs(self, tokens: list[int]) -> list[float]:
+        """log p(tokens[t] | tokens[:t]) for t >= 1 (temperature 1): the fixed-probe check (docs/verify.md)."""
+        ids = torch.tensor([tokens])
+        lp, _ = token_logprobs(self.model, ids, torch.ones_like(ids), temperature=1.0)
+        return lp[0, 1:].tolist()
 
     @torch.no_grad()
     def load_state(self, tensors: Mapping[str, torch.Tensor], version: int | None = None) -> None:

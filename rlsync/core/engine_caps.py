@@ -37,6 +37,12 @@ class EngineCaps:
     `switch_prepared()` (between calls), `take_switches()` (the switches made inside `generate`).
     Its `Rollout.token_versions` say which version sampled each token."""
 
+    verify: bool = False
+    """The engine can show what it computes with (rlsync/sync/verify.py, docs/verify.md): `weights_readback()`
+    (name -> the tensor its forward reads, after any conversion), `probe_logprobs(tokens)` and
+    `compute_dtype`; an engine that reads the hub itself adds `verify_source()` (the manifest and staged
+    tensors it applied from) and `reapply(version)` (take it again, not from its own staging)."""
+
     @property
     def reads_hub(self) -> bool:
         """The engine takes a hub client and reads versions itself (staged or TP-sliced)."""

@@ -81,6 +81,9 @@ class RolloutResult:
     """Seconds spent generating and scoring."""
     completions: list = field(default_factory=list)
     """A few of the responses as text (`rlsync.telemetry.completions.Completion`), for the run's completions table."""
+    unverified_versions: list = field(default_factory=list)
+    """Versions the engine generated some of these samples with that then failed a check (docs/verify.md): the
+    driver drops every group with a token of one of them, and counts it (`verify/quarantined_samples`)."""
 
 
 @dataclass(kw_only=True)

@@ -364,7 +364,7 @@ class Driver:
             "grad_norm": tm.get("grad_norm", float("nan")),
             "zero_spread_group_frac": tm.get("zero_spread_group_frac", float("nan")),
             "staleness/dropped": stats.get("staleness/dropped", 0.0),
-            "staleness/dropped_total": self.totals["staleness/dropped_total"],
+            "staleness/dropped_total": self.totals["staleness/dropped_total"], "verify/quarantined_samples": self.schedule.quarantined_samples,
             "timing_s/step": (end_ns - start_ns) / 1e9,
             "data/cursor": self.task.cursor,
             "ray/payload_bytes": payload,

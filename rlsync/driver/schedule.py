@@ -47,8 +47,30 @@ def sampling_seed(run_seed: int, step: int, slot: int) -> int:
     return int.from_bytes(digest, "little") >> 1
 
 
+def verified_groups(res: Any, schedule: Any) -> list:
+    """The call's groups but those with a response token of a version that failed verification (the engine was
+    quarantined: docs/verify.md); the samples dropped are counted on `schedule.quarantined_samples`."""
+    bad = getattr(res, "unverified_versions", None)
+    if not bad:
+        return list(res.groups)
+    import torch
+
+    keep, bad = [], torch.tensor(sorted(bad))
+    for g in res.groups:
+        if torch.isin(g.versions_per_token()[g.response_mask.bool()], bad).any():
+            schedule.quarantined_samples += len(g)
+        else:
+            keep.append(g)
+    log.warning("dropped %d samples of %s: generated with weights that failed verification",
+                sum(len(g) for g in res.groups) - sum(len(g) for g in keep), res.worker)
+    return keep
+
+
 class AsyncSchedule:
     """Any free worker, the next prompts, up to k versions ahead (`plan_request`); results in arrival order."""
+
+    quarantined_samples = 0
+    """Samples dropped as generated with weights that failed verification (`verify/quarantined_samples`)."""
 
     def __init__(self, bound: StalenessBound, *, prompts_per_step: int, per_request: int, total_steps: int,
                  samples: int = 0):
@@ -70,7 +92,7 @@ class AsyncSchedule:
 
     def results(self, req: Request, res: Any) -> list[tuple[int, Any]]:
         """Each group with its oldest token's version (an engine may switch versions mid-sample)."""
-        return [(int(g.versions.min()), g) for g in res.groups]
+        return [(int(g.versions.min()), g) for g in verified_groups(res, self)]
 
     def lost(self, req: Request) -> int:
         return len(req.prompts)
@@ -78,6 +100,9 @@ class AsyncSchedule:
 
 class LockstepSchedule:
     """`deterministic=true`: one step at a time, chunk j to slot j with a derived seed, results in chunk order."""
+
+    quarantined_samples = 0
+    """Samples dropped as generated with weights that failed verification (`verify/quarantined_samples`)."""
 
     def __init__(self, *, run_seed: int, prompts_per_step: int, per_request: int, total_steps: int, samples: int = 0):
         self.seed, self.pps, self.ppr, self.total_steps = run_seed, prompts_per_step, per_request, total_steps
@@ -131,7 +156,7 @@ class LockstepSchedule:
         self.done[req.slot] = res
         if len(self.done) < len(self.chunks):
             return []
-        return [(int(g.versions.min()), g) for j in range(len(self.chunks)) for g in self.done[j].groups]
+        return [(int(g.versions.min()), g) for j in range(len(self.chunks)) for g in verified_groups(self.done[j], self)]
 
     def lost(self, req: Request) -> int:
         """A failed call: its chunk is handed out again (same prompts, same seed). No prompt is lost."""

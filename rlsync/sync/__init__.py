@@ -10,6 +10,7 @@
     hub_derived.py   sync.mode=hub, sync.variant=bf16|int8: a derived variant, made once, read from peers
     object_store.py  sync.mode=object_store: ray.put / ray.get (the verl/OpenRLHF baseline)
     broadcast.py     sync.mode=broadcast: one static gloo group (NCCL's shape)
+    verify.py        what the engine computes with, checked after every apply (hub routes; docs/verify.md)
 
 Room rule: imports `rlsync.core` and the hub's public face (`from rlsync.hub import ...`); never the
 workers, the driver, the trainer or rollout rooms (pyproject's import contracts).
@@ -20,7 +21,8 @@ from . import broadcast, hub_delta, hub_derived, hub_full, hub_sharded, object_s
 from .base import (WEIGHT_SYNCS, RunShape, Side, SyncConfig, SyncCoordinator, SyncModeError, WeightPublisher,
                    WeightReceiver, WeightSync, choose_route, register_weight_sync, sync_modes)
 from .engine import EngineCaps, EngineCapsError, WeightEngine, caps_of
+from .verify import VerifyConfig, WeightsVerifyError
 
 __all__ = ["EngineCaps", "EngineCapsError", "RunShape", "Side", "SyncConfig", "SyncCoordinator", "SyncModeError",
            "WEIGHT_SYNCS", "WeightEngine", "WeightPublisher", "WeightReceiver", "WeightSync", "caps_of",
-           "choose_route", "register_weight_sync", "sync_modes"]
+           "choose_route", "register_weight_sync", "sync_modes", "VerifyConfig", "WeightsVerifyError"]

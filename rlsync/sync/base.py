@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 from rlsync.core.registry import Registry
 
 from .engine import caps_of
+from .verify import VerifyConfig
 
 
 @dataclass(kw_only=True)
@@ -66,6 +67,8 @@ class SyncConfig:
     """inflight: the nice value (0-19) of the thread that stages each version (its fetch, conversion and
     kernel build, and the threads it starts): generation keeps the cores and a version arrives a little
     later. 0 stages at generation's priority. docs/rl.md, "In-flight updates"."""
+    verify: VerifyConfig = dataclasses.field(default_factory=VerifyConfig)
+    """hub routes: what each engine computes with, checked after every apply (docs/verify.md)."""
 
 
 class SyncModeError(ValueError):
@@ -237,6 +240,11 @@ class WeightReceiver(ABC):
 
     def prefetch(self) -> None:
         """Start fetching what is newer while the engine generates (engines that stage); else nothing."""
+
+    def verify_generated(self) -> set[int]:
+        """After a `generate`: check versions switched in during it (in flight); the versions that failed a
+        check since the last call (their samples must not be trained: the driver drops them). docs/verify.md."""
+        return set()
 
     def connect(self, arg: Any, meta: dict) -> None:
         raise TypeError(f"{type(self).__name__}: this route has no driver set-up")

@@ -64,14 +64,32 @@ class WeightEngine(Protocol):
     def take_switches(self) -> list:
         """inflight: the switches made inside `generate` since the last call (`SyncStats`, in order)."""
 
+    def weights_readback(self) -> dict[str, Any]:
+        """verify: name -> the tensor the engine's forward reads now (after any conversion), no copy."""
+
+    def probe_logprobs(self, tokens: list[int]) -> list[float]:
+        """verify: log p(tokens[t] | tokens[:t]), t >= 1, at temperature 1, with the weights held now."""
+
+    def verify_source(self) -> tuple[Any, dict]:
+        """verify + reads_hub: (manifest, staged tensors) of the version last applied."""
+
+    def reapply(self, version: int) -> None:
+        """verify + reads_hub: fetch `version` again from another replica and apply it."""
+
+    def staging_held(self) -> Any:
+        """verify + reads_hub: a context in which nothing refills the staging `verify_source` returned."""
+
 
 METHODS = {"in_place_fetch": ("named_parameters_for_sync",), "load_state": ("load_state",),
            "staged": ("attach_hub", "update_latest", "apply_staged", "prefetch_latest", "close"),
            "tp_sliced": ("attach_hub", "update_latest", "close"),
-           "inflight": ("start_inflight", "switch_prepared", "take_switches")}
+           "inflight": ("start_inflight", "switch_prepared", "take_switches"),
+           "verify": ("weights_readback", "probe_logprobs")}
 """The methods each capability promises."""
 INFLIGHT_WITH = {"staged": ("stage_version",), "in_place_fetch": ("next_buffers", "offer_next")}
 """What an in-flight engine adds for the way weights reach it."""
+VERIFY_WITH = ("verify_source", "reapply", "staging_held")
+"""What a verifiable engine that reads the hub itself adds (the receiver has no staging of its own)."""
 
 
 class EngineCapsError(TypeError):
@@ -88,6 +106,8 @@ def caps_of(engine: Any) -> EngineCaps:
     promised = [m for cap, ms in METHODS.items() if getattr(caps, cap) for m in ms]
     if caps.inflight:
         promised += [m for cap, ms in INFLIGHT_WITH.items() if getattr(caps, cap) for m in ms]
+    if caps.verify and caps.reads_hub:
+        promised += list(VERIFY_WITH)
     missing = sorted({m for m in promised if not callable(getattr(engine, m, None))})
     if missing:
         raise EngineCapsError(f"{type(engine).__name__} declares {caps} but has no {', '.join(missing)}")

@@ -23,6 +23,7 @@ from rlsync.hub import errors as E
 from .base import Side, WeightPublisher, WeightReceiver, WeightSync, register_weight_sync
 from .engine import need
 from .inflight import InflightFollower
+from .verify import EngineVerifier, WeightsVerifyError, publish_probe
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,9 @@ class HubFullPublisher(WeightPublisher):
         if self.rank == 0:
             self._publish(v, {k: x.contiguous() for k, x in tensors.items()})
             self.published = v
+            check = self.side.sync.verify
+            if check.probe_every and v % check.probe_every == 0 and self.side.shape.zero_stage < 3:
+                publish_probe(self.hub, self.model, v, backend.policy, check.probe_tokens)  # docs/verify.md
             self.clock.event("publish", version=v, bytes=n)
             if self.digest:  # what a recovery must reproduce bit for bit (docs/elastic.md)
                 out["digest"] = weights_digest(tensors)
@@ -56,6 +60,8 @@ class HubReceiver(WeightReceiver):
             need(self.caps, f"{type(self).__name__} with sync.inflight=true", "inflight")
         if self.caps.reads_hub:  # the hub cannot fetch into vLLM's repacked parameters (docs/vllm.md)
             self._attach()
+        self.verifier = EngineVerifier(self.sync.verify, self.hub, self.model, engine, self.clock) \
+            if self.caps.verify else None  # what the engine computes with, after every apply (verify.py)
         self.follower: InflightFollower | None = None
         if self.sync.inflight:  # stage each version as it commits; the engine switches between decode steps
             engine.start_inflight(self.sync.kv_policy)
@@ -88,7 +94,7 @@ class HubReceiver(WeightReceiver):
         """In-flight: record the switches made inside `generate`, take a staged newer version now (between
         calls), and when the engine still lacks `min_version`, wait until the follower has staged it."""
         for got in self.engine.take_switches():
-            self._record_switch(got)
+            self._record_switch(got, used=True)
         self._switch()
         if self.engine.version >= min_version:
             return
@@ -106,8 +112,9 @@ class HubReceiver(WeightReceiver):
         if got is not None:
             self._record_switch(got)
 
-    def _record_switch(self, got) -> None:
-        """An in-flight switch (a `SyncStats`): the pause is the swap; never moves the engine's version."""
+    def _record_switch(self, got, used: bool = False) -> None:
+        """An in-flight switch (a `SyncStats`): the pause is the swap; never moves the engine's version.
+        `used`: made inside a `generate` (its samples exist: a failed check marks them)."""
         self.clock.event("engine_update", version=got.version, fetch_s=got.fetch_s, apply_s=got.apply_s,
                          pause_s=got.pause_s, fetch_wait_s=got.fetch_wait_s, in_flight=got.in_flight,
                          decode_pause_s=got.pause_s)  # `sync/decode_pause_s`: what generation stopped for
@@ -115,6 +122,18 @@ class HubReceiver(WeightReceiver):
             self.follower.last_sources = dict(got.bytes_by_source)
             ev = FetchEvent.from_result(got, wid=self.hub.worker_id, dc=self.hub.location.dc)
             self.clock.event(FetchEvent.NAME, **ev.attrs())
+        self._verify(got.version, None if self.caps.reads_hub else self.follower.manifest, in_flight=used)
+
+    def verify_generated(self) -> set[int]:
+        if self.verifier is None:
+            return set()
+        with self.clock.state("loading_weights"):
+            self.verifier.settle()  # an overlapped weights check of the version this batch used
+        if self.follower is not None:  # switches made inside `generate`: checked now, before its samples go out
+            for got in self.engine.take_switches():
+                self._record_switch(got, used=True)
+        failed, self.verifier.failed = self.verifier.failed, set()
+        return failed
 
     def _wait_for(self, min_version: int) -> None:
         """Until `min_version` commits: one `wait_latest` parked at the hub (asked again each `sync.wait_s`)."""
@@ -199,10 +218,49 @@ class HubReceiver(WeightReceiver):
         if self.caps.reads_hub:  # a SyncStats: the engine's fetch, apply and pause (sync/fetch_s, apply_s, pause_s)
             self.clock.event("engine_update", version=got.version, fetch_s=got.fetch_s, apply_s=got.apply_s,
                              pause_s=got.pause_s, fetch_wait_s=got.fetch_wait_s)
-            if not got.bytes_by_source:
-                return  # applied a version already fetched and recorded
-        ev = FetchEvent.from_result(got, wid=self.hub.worker_id, dc=self.hub.location.dc, **extra)
-        self.clock.event(FetchEvent.NAME, **ev.attrs())
+        if not self.caps.reads_hub or got.bytes_by_source:  # else: applied a version already fetched and recorded
+            ev = FetchEvent.from_result(got, wid=self.hub.worker_id, dc=self.hub.location.dc, **extra)
+            self.clock.event(FetchEvent.NAME, **ev.attrs())
+        if getattr(got, "nbytes", 1) or getattr(got, "apply_s", 0.0):  # else nothing new to check
+            self._verify(got.version, getattr(got, "manifest", None))
+
+    def _verify(self, version: int, manifest=None, in_flight: bool = False) -> None:
+        """Check what the engine now computes with; on a failure quarantine it and re-apply (verify.py).
+        `in_flight`: switched in inside `generate` (its samples exist already). Overlapped (the weights check
+        runs while the engine generates; `verify_generated` waits for it) only for an engine the hub fetches
+        into and that does not switch in flight: else buffers the check reads (the engine's spare, a vLLM
+        stage's staging, which its prefetch refills) may change under it."""
+        if self.verifier is None:
+            return
+        with self.clock.state("loading_weights"):
+            if self.caps.reads_hub:  # the engine converts from its own staging: it says what it applied from
+                first = None
+                with self.engine.staging_held():
+                    manifest, staged = self.engine.verify_source()
+                    try:
+                        self.verifier.check(version, manifest, staged)
+                        return
+                    except WeightsVerifyError as e:
+                        first = e
+                self.verifier.heal(version, manifest, self._reapply, staged, used=in_flight, first=first)
+            elif self.sync.verify.overlap and self.follower is None:
+                self.verifier.start(version, manifest, self._reapply)
+            else:
+                self.verifier.heal(version, manifest, self._reapply, used=in_flight)
+
+    def _reapply(self, version: int):
+        """Take `version` again, never from this worker's own copy (it may be the corrupt one)."""
+        if self.caps.reads_hub:
+            self.engine.reapply(version)
+            return self.engine.verify_source()
+        self._release_held()
+        if self.follower is not None:  # in flight: into the spare buffers, then switched in
+            got = self.hub.fetch(self.model, version, into=self.engine.next_buffers())
+            self.engine.offer_next(version)
+            self.engine.switch_prepared()
+            return got.manifest, None
+        got = self.hub.fetch(self.model, version, into=self.engine.named_parameters_for_sync())
+        return got.manifest, None
 
 
 @register_weight_sync("hub_full")

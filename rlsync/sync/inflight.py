@@ -49,6 +49,8 @@ class InflightFollower:
         self.last_sources: dict[str, int] = {}
         """Hub worker id -> bytes it served to the last version staged (an engine that reads the hub itself
         reports them with its switch: the receiver puts them here)."""
+        self.manifest = None
+        """The manifest of the last version fetched into the spare buffers (an engine the hub fetches into)."""
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -88,6 +90,7 @@ class InflightFollower:
             return self.engine.stage_version(version)  # its sources come with its switch (`take_switches`)
         bufs = self.engine.next_buffers()
         r = self.hub.fetch(self.model, version, into=bufs)
+        self.manifest = r.manifest  # what the verifier compares the switched-in buffers with (verify.py)
         self.engine.offer_next(r.version)
         self.last_sources = dict(r.bytes_by_source)
         ev = FetchEvent.from_result(r, wid=self.hub.worker_id, dc=self.hub.location.dc)

@@ -173,6 +173,9 @@ class RolloutWorker:
             batch = out.to_batch(rewards, group_ids)
             if self.inject.generate_delay_s:
                 time.sleep(self.inject.generate_delay_s)
+        unverified = sorted(self.receiver.verify_generated())  # checks that ran while generating, or in flight
+        if unverified:
+            log.warning("rollout used v%s, which failed verification: the driver drops those samples", unverified)
         self.clock.enter("idle")
         groups = [batch.select(torch.arange(i * g, (i + 1) * g)) for i in range(len(prompts))]
         took = time.perf_counter() - t0
@@ -180,7 +183,7 @@ class RolloutWorker:
                  len(prompts), g, len(out.response_ids), sum(map(len, out.response_ids)), out.version, took,
                  float(rewards.mean()))
         return RolloutResult(worker=self.worker_id, version=out.version, groups=groups, generate_s=took,
-                             completions=self._as_text(prompts, out, rewards, samples))
+                             completions=self._as_text(prompts, out, rewards, samples), unverified_versions=unverified)
 
     def _as_text(self, prompts: list, out, rewards: torch.Tensor, k: int) -> list[Completion]:
         """`k` of the call's responses decoded (the driver's sample of completions: a few strings, not the batch)."""
@@ -203,6 +206,8 @@ class RolloutWorker:
         finally:
             cfg.do_sample = was
             self.clock.enter("idle")
+        if self.receiver.verify_generated():
+            log.warning("evaluation at v%d used weights that then failed verification", out.version)
         r = rewards.tolist()
         return {"reward_mean": sum(r) / len(r), "accuracy": sum(x >= 1.0 for x in r) / len(r),
                 "version": float(out.version), "mean_response_tokens": sum(map(len, out.response_ids)) / len(r)}

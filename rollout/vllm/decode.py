@@ -26,6 +26,8 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Callable
 
+import torch
+
 _ids = itertools.count()
 
 
@@ -57,6 +59,17 @@ def _add(llm, seq: Seq, params, version: int) -> None:
     llm.llm_engine.add_request(seq.rid, prompt, params)
 
 
+def _same_omp_threads() -> None:
+    """Give the calling thread torch's intra-op thread count before vLLM steps in it. vLLM's CPU attention
+    sizes its schedule with the thread's OpenMP count (omp_get_max_threads) and runs with torch's
+    (at::get_num_threads, set lazily per thread): in a thread that has not run a torch parallel op yet (a
+    Ray actor's pool thread while in-flight staging runs elsewhere) they differ when vLLM bound more cores
+    than OMP_NUM_THREADS says, and the kernel aborts ("metadata->thread_num == thread_num (1 vs. 2)").
+    `get_num_threads` does torch's per-thread initialisation, which sets the thread's OpenMP count
+    (docs/vllm.md)."""
+    torch.get_num_threads()
+
+
 def decode(llm, prompts: list[list[int]], params, version: int,
            between: Callable[[], int | None] | None = None, kv: str = "keep") -> list[Seq]:
     """Generate one response per prompt; `between()` runs after every step and returns a version it
@@ -65,6 +78,7 @@ def decode(llm, prompts: list[list[int]], params, version: int,
 
     if kv not in ("keep", "recompute"):
         raise ValueError(f"kv policy must be 'keep' or 'recompute' (got {kv!r})")
+    _same_omp_threads()
     params = params.clone()
     params.output_kind = RequestOutputKind.DELTA
     seqs = [Seq(prompt=list(p), spans=[(version, 0)]) for p in prompts]

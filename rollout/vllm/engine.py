@@ -41,7 +41,8 @@ import torch
 
 from ..engine import Rollout
 from .decode import check_sync_scheduling, decode
-from .worker_apply import direct_reload, inflight_build, inflight_swap, layerwise_reload, quiet_dtype_notes
+from .worker_apply import (direct_readback, direct_reload, inflight_build, inflight_swap, layerwise_reload,
+                           quiet_dtype_notes)
 
 log = logging.getLogger(__name__)
 
@@ -107,16 +108,6 @@ def _vllm_env(kv_cache_gib: int, threads: int | None) -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
     if threads:
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-
-
-def _same_omp_threads() -> None:
-    """Give the calling thread torch's intra-op thread count before vLLM steps in it. vLLM's CPU attention
-    sizes its schedule with the thread's OpenMP count (omp_get_max_threads) and runs with torch's
-    (at::get_num_threads, set lazily per thread): in a thread that has not run a torch parallel op yet (a
-    Ray actor's pool thread while in-flight staging runs elsewhere) they differ when vLLM bound more cores
-    than OMP_NUM_THREADS says, and the kernel aborts ("metadata->thread_num == thread_num (1 vs. 2)").
-    `get_num_threads` does torch's per-thread initialisation, which sets the thread's OpenMP count."""
-    torch.get_num_threads()
 
 
 class VllmEngine:
@@ -241,7 +232,6 @@ class VllmEngine:
         for i, p in enumerate(prompts):
             if not p:
                 raise ValueError(f"prompt {i} is empty")
-        _same_omp_threads()
         with self._lock:
             if self._broken:
                 raise WeightApplyError(f"engine holds incomplete weights ({self._broken}); apply a good version first")
@@ -354,6 +344,21 @@ class VllmEngine:
         self._version = p.version
         self.switches.append(Switch(p.version, time.monotonic() - t0, p.build_s, in_flight))
         return p.version
+
+    # ------------------------------------------------------------------ verification (docs/verify.md)
+    def readback(self, specs) -> dict[str, torch.Tensor]:
+        """Checkpoint name -> the engine's own bytes for it after the direct apply ({}: layerwise-applied)."""
+        with self._lock:
+            return self.llm.collective_rpc(direct_readback, args=(tuple(specs),))[0]
+
+    def probe_logprobs(self, tokens: list[int]) -> list[float]:
+        """log p(tokens[t] | tokens[:t]) for t >= 1 at temperature 1 (vLLM's prompt log-probs)."""
+        from vllm import SamplingParams
+
+        with self._lock:
+            out = self.llm.generate([{"prompt_token_ids": list(tokens)}],
+                                    SamplingParams(temperature=1.0, max_tokens=1, prompt_logprobs=0), use_tqdm=False)
+        return [lp[t].logprob for lp, t in zip(out[0].prompt_logprobs[1:], tokens[1:])]
 
     def join_hub(self, address: str, token: str | None, host: str, name: str) -> list[str]:
         """TP > 1: every worker joins the hub at `address` as `name`-tp<rank>; returns their worker ids."""

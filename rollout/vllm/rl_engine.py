@@ -25,13 +25,16 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import contextmanager
 from typing import Any
+
+from rlsync.hub import Manifest
 
 from ..engine import EngineCaps
 from ..registry import register_engine
 from .engine import Switch, VllmEngine
 from .stage import HubWeightStage, SyncStats
-from .staging import WeightIntegrityError
+from .staging import WeightIntegrityError, specs_of
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +62,7 @@ class HubFedVllmEngine:
         """Weights arrive through `attach_hub` / `update_latest` (staged at k = 1, TP-sliced at k > 1), never
         `fetch(into=...)`; `load_state` (the direct apply) only at k = 1 (it sends callables to one worker)."""
         one = self.engine.config.tensor_parallel_size == 1
-        return EngineCaps(load_state=one, staged=one, tp_sliced=not one, inflight=one)
+        return EngineCaps(load_state=one, staged=one, tp_sliced=not one, inflight=one, verify=one)
 
     def load_state(self, tensors, version: int | None = None) -> None:
         """Apply a whole version from a name -> tensor mapping (the same direct apply the hub's stage uses;
@@ -189,6 +192,44 @@ class HubFedVllmEngine:
         return SyncStats(version=latest, fetch_s=max(r["read_s"] for r in ranks) * len(ranks),
                          apply_s=max(r["apply_s"] for r in ranks), pause_s=time.monotonic() - t0,
                          nbytes=sum(r["nbytes"] for r in ranks), bytes_by_source=sources)
+
+    # ------------------------------------------------------------------ verification (EngineCaps.verify)
+    def weights_readback(self) -> dict:
+        """The direct apply's own buffers, by checkpoint name ({}: in flight, or a layerwise apply: the
+        probe alone checks those; docs/verify.md)."""
+        m = self.stage._manifest if self.stage is not None else None
+        if self._inflight or not isinstance(m, Manifest):
+            return {}
+        return self.engine.readback(specs_of(m))
+
+    @property
+    def compute_dtype(self):
+        import torch
+
+        return getattr(torch, self.engine.config.dtype)
+
+    def probe_logprobs(self, tokens: list[int]) -> list[float]:
+        return self.engine.probe_logprobs(tokens)
+
+    def verify_source(self) -> tuple:
+        """(manifest, staging) of the version last applied; (None, None) when the staging holds something else
+        (a prefetch of a newer version began: the apply's own unit re-check covered it) or a sharded read
+        (no one manifest). Call it inside `staging_held()`."""
+        st, m = self.stage, self.stage._manifest
+        moved = (st._fetch is not None and st._fetch.is_alive()) or st.staged_version != self.engine.version
+        return (m, st._staging) if isinstance(m, Manifest) and not moved else (None, None)
+
+    @contextmanager
+    def staging_held(self):
+        """No prefetch refills the staging while the verifier compares the engine with it (the stage's lock)."""
+        with self.stage._lock:
+            yield
+
+    def reapply(self, version: int) -> None:
+        """Withdraw this engine's staging replica (it may be the corrupt copy) and fetch + apply `version` again."""
+        self.stage._drop_staged(version)
+        self.engine.set_version(-1)
+        self.stage.update(version)
 
     def close(self) -> None:
         if self._tp:

@@ -103,6 +103,22 @@ def direct_reload(worker, specs, weights) -> set[str]:
     return seen
 
 
+def direct_readback(worker, specs) -> dict:
+    """Runs inside the vLLM worker: checkpoint name -> what the direct apply wrote for it (a row slice of a
+    repacked layer's persistent buffer, or the parameter kept in place: embedding, norms), no copy; {} when
+    this layout was applied by the layerwise reload (no plan). The verifier's read-back (docs/verify.md)."""
+    plan = worker.__dict__.get("_rlsync_direct_plans", {}).get(specs)
+    if plan is None:
+        return {}
+    modules = dict(worker.model_runner.get_model().named_modules())
+    out = {}
+    for name, tg in plan.targets.items():
+        buf = plan.buffers.get(tg.module) if tg.param == "weight" else None
+        dst = buf if buf is not None else modules[tg.module]._parameters[tg.param].data
+        out[name] = dst if tg.rows is None else dst[tg.rows]
+    return out
+
+
 def reset_caches(runner) -> None:
     """What vLLM's own reload resets after new weights (LoRA state, encoder and multi-modal caches)."""
     for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):

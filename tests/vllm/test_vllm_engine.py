@@ -4,6 +4,7 @@ tagged and never torn, corrupt staging is refused, the staging replica serves pe
 One engine for the whole module (see conftest.py). Log-prob gaps are compared with each other
 (right weights vs the previous version's), not with a fixed figure of speed.
 """
+import logging
 import threading
 
 import pytest
@@ -308,3 +309,50 @@ def test_bf16_variant_applies_as_the_fp32_path_with_half_the_bytes(rig):
         rig.engine.config.do_sample = True
         bf16.close()
         client.leave()
+
+
+def test_verify_reads_back_the_engines_bytes_and_the_probe_catches_a_stale_tied_head(rig, monkeypatch):
+    """docs/verify.md on the real engine: after a direct apply the engine's own bf16 buffers equal the staged
+    version as the receiver converts it; a byte flipped in staging after its check is found; vLLM's own reload
+    without the tied-head re-pack (the fault, injected by skipping `tied_heads`) passes every byte check and
+    fails the fixed probe (bf16 tolerance)."""
+    import rlsync.rollout.vllm.worker_apply as wa
+    from rlsync.rollout.vllm.rl_engine import HubFedVllmEngine
+    from rlsync.sync.verify import TOLERANCE, check_weights, probe_logprobs, probe_token_ids
+
+    v = rig.publish(seed=11)
+    rig.stage.update(v)
+    fed = HubFedVllmEngine(rig.engine)
+    fed.stage = rig.stage
+    manifest, staged = fed.verify_source()
+    assert check_weights(manifest, fed.weights_readback(), staged) == []
+    tokens = probe_token_ids(rig.model.config.vocab_size, 16)
+
+    def gap() -> float:
+        mine, ref = fed.probe_logprobs(tokens), probe_logprobs(rig.model, tokens)
+        return sum(abs(a - b) for a, b in zip(mine, ref)) / len(ref)
+
+    right = gap()
+    assert right <= TOLERANCE["bfloat16"], right
+    w = staged["model.layers.3.mlp.up_proj.weight"].view(-1).view(torch.uint8)
+    w[1001] ^= 0x40
+    try:
+        bad = check_weights(manifest, fed.weights_readback(), staged)
+        assert "staging:model.layers.3.mlp.up_proj.weight" in bad and all(n.startswith("staging:") for n in bad)
+    finally:
+        w[1001] ^= 0x40
+    saved = {n: t.clone() for n, t in rig.params.items()}
+    specs = tuple((n, tuple(t.shape)) for n, t in rig.params.items())
+    try:
+        monkeypatch.setattr(wa, "tied_heads", lambda model: [])  # vLLM's own reload: the head keeps its old pack
+        e = rig.params["model.embed_tokens.weight"]
+        e.mul_(1 + 0.5 * torch.randn(e.shape, generator=torch.Generator().manual_seed(12)))
+        rig.engine.apply(iter(rig.params.items()), v, specs=specs, mode="layerwise")
+        stale = gap()
+        logging.getLogger(__name__).info("probe gap: right weights %.4f, stale tied head %.4f", right, stale)
+        assert stale > TOLERANCE["bfloat16"], (right, stale)
+    finally:
+        monkeypatch.undo()
+        for n, t in saved.items():
+            rig.params[n].copy_(t)
+        rig.engine.apply(iter(rig.params.items()), v, specs=specs)
