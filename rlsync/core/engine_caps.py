@@ -37,6 +37,10 @@ class EngineCaps:
     `switch_prepared()` (between calls), `take_switches()` (the switches made inside `generate`).
     Its `Rollout.token_versions` say which version sampled each token."""
 
+    adapters: bool = False
+    """LoRA adapters over a base (`trainer.lora`, docs/lora.md): `enable_adapters(cfg, max_resident, extra)` gives
+    the engine's `AdapterSlots` (the base's tensors, a slot per adapter key, LRU-bounded), `use_adapter(key, v)`."""
+
     @property
     def reads_hub(self) -> bool:
         """The engine takes a hub client and reads versions itself (staged or TP-sliced)."""
