@@ -7,7 +7,6 @@ Public API:
     ShardedLayout, zero3_layout, zero_shard,
     publish_shard, ReshardReader, dtype_name   — sharded publish (ZeRO-3 partitions) and whole reads of it
     ReplicaId                                  — which copy (worker, model, version, shard, slot)
-    adapter_model, ADAPTER_BASE                — a model of LoRA adapters over a base, and its base record
     errors (HubError and subclasses)           — every refusal is typed
     positive_int, positive_float               — argparse types for CLIs (one-line errors, exit 2)
 """
@@ -22,7 +21,6 @@ _EXPORTS = {
     "ShardedLayout": ".reshard.layout", "zero3_layout": ".reshard.layout", "ReshardReader": ".reshard.read",
     "publish_shard": ".reshard.read", "zero_shard": ".reshard.read", "dtype_name": ".model.manifest",
     "Dest": ".reshard.layout", "Slice": ".reshard.layout", "dtype_from_name": ".model.manifest",
-    "adapter_model": ".model.names", "ADAPTER_BASE": ".model.names",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -2,10 +2,10 @@
 
     slots = AdapterSlots(model, LoraConfig(rank=8), max_resident=128)   # peft-wraps `model`
     slots.model                               # the peft model the engine generates with
-    name, into = slots.reserve(("policy@lora.a", 7))   # buffers to fetch that adapter into (a free slot,
+    name, into = slots.reserve(("policy.lora.a", 7))   # buffers to fetch that adapter into (a free slot,
                                               # or the least recently used unpinned one, evicted first)
-    hub.fetch("policy@lora.a", 7, into=into); slots.commit(("policy@lora.a", 7), name)
-    with slots.use(("policy@lora.a", 7)):     # pinned: never evicted or overwritten while a request runs
+    hub.fetch("policy.lora.a", 7, into=into); slots.commit(("policy.lora.a", 7), name)
+    with slots.use(("policy.lora.a", 7)):     # pinned: never evicted or overwritten while a request runs
         model.generate(...)
 
 Each (model, version) key owns its slot until evicted, so a new revision lands in another slot and a request

@@ -5,16 +5,12 @@
 - A sharded version's layout travels as tensors of its own: `LAYOUT_TENSOR` (each rank's pieces) and an
   empty tensor named `LAYOUT_DIGEST` + the whole layout's digest, so the hub refuses a rank that publishes
   another layout than the version's (hub/reshard/layout.py).
-- `NAME@lora` / `NAME@lora.TENANT`: a model of LoRA adapters over `NAME`; each of its versions carries the
-  base version it was trained over as a one-element tensor named `ADAPTER_BASE` (rlsync/sync/hub_adapter.py).
 """
 from __future__ import annotations
 
 DELTA_SUFFIX = "@delta"
 LAYOUT_TENSOR = "__rlsync_layout__"
 LAYOUT_DIGEST = "__rlsync_layout_digest__."
-ADAPTER_SUFFIX = "@lora"
-ADAPTER_BASE = "__rlsync_adapter_base__"
 
 
 def delta_model(model: str) -> str:
@@ -28,8 +24,3 @@ def is_delta_model(model: str) -> bool:
 def base_model(dm: str) -> str:
     """The model a delta model's objects are deltas of (`policy@delta` -> `policy`)."""
     return dm[:-len(DELTA_SUFFIX)]
-
-
-def adapter_model(model: str, tenant: str = "") -> str:
-    """The model of adapters over `model` (`policy` -> `policy@lora`; tenant `a` -> `policy@lora.a`)."""
-    return model + ADAPTER_SUFFIX + (f".{tenant}" if tenant else "")

@@ -1,9 +1,9 @@
 """`sync.mode=hub` with `trainer.lora.rank > 0`: the base published once, then each version is the adapter alone.
 
     publisher: rank 0's first publish registers the frozen base as version b of `policy` (no copy; never released:
-               no step writes it), then every version v as `policy@lora` v: the live adapter tensors plus a
+               no step writes it), then every version v as `policy.lora` v: the live adapter tensors plus a
                one-element `ADAPTER_BASE` tensor holding b (the adapter names its base inside its own bytes)
-    receiver:  ensure(min_version): one parked `wait_latest("policy@lora", min_version)`, then the adapter is
+    receiver:  ensure(min_version): one parked `wait_latest("policy.lora", min_version)`, then the adapter is
                fetched straight into a fresh slot of the engine (`AdapterSlots`, no file, no copy); if its base
                record names a base the engine does not hold, that base is fetched into the engine's base tensors
 
@@ -20,13 +20,24 @@ from typing import Any
 import torch
 
 from rlsync.core.events import FetchEvent
-from rlsync.hub import ADAPTER_BASE, adapter_model
 from rlsync.hub import errors as E
 
 from .base import Side, WeightPublisher, WeightReceiver, WeightSync, register_weight_sync
 from .engine import EngineCapsError, need
 
 log = logging.getLogger(__name__)
+
+ADAPTER_BASE = "__rlsync_adapter_base__"
+"""The tensor inside every adapter version holding its base version: immutable and checksummed with the adapter,
+and there the moment the version commits (a record written after the commit would leave a window)."""
+
+
+def adapter_model(model: str, tenant: str = "") -> str:
+    """The hub model of adapters over `model`: `policy` -> `policy.lora`, tenant `a` -> `policy.lora.a`.
+
+    Not `NAME@KIND` (hub/model/names.py): version v of a derived object is made from `NAME` v, while an adapter's
+    version v is trained over whichever base version its `ADAPTER_BASE` names; to the hub it is a model of its own."""
+    return f"{model}.lora" + (f".{tenant}" if tenant else "")
 
 
 class HubAdapterPublisher(WeightPublisher):
@@ -53,6 +64,11 @@ class HubAdapterPublisher(WeightPublisher):
             self.published = v
             self.clock.event("publish", version=v, bytes=n)
         return {"version": v, "bytes": n}
+
+    def shapes(self, backend: Any) -> dict[str, tuple[int, ...]]:
+        """The base's and the adapter's shapes: the driver's audit checks that neither travels through Ray."""
+        both = {**backend.base_parameters_for_sync(), **backend.named_parameters_for_sync()}
+        return {n: tuple(p.shape) for n, p in both.items()}
 
     def recover(self, into: dict) -> int:
         raise NotImplementedError("hub_adapter: an elastic trainer group is not supported with trainer.lora")

@@ -12,10 +12,10 @@ from rlsync.config.schema import TrainConfig
 from rlsync.core.logprobs import token_logprobs
 from rlsync.core.lora import LoraConfig
 from rlsync.core.stall import StallClock
-from rlsync.hub import (ADAPTER_BASE, ClientConfig, HubClient, HubConfig, Location, RetentionConfig, adapter_model,
-                        start_embedded_hub)
+from rlsync.hub import ClientConfig, HubClient, HubConfig, Location, RetentionConfig, start_embedded_hub
 from rlsync.rollout import RolloutEngine
 from rlsync.sync import Side, SyncConfig, SyncModeError
+from rlsync.sync.hub_adapter import ADAPTER_BASE, adapter_model
 from rlsync.trainer import TorchBackend
 from rlsync.workers.policy import build_policy
 
