@@ -16,6 +16,8 @@ takes adapters straight from the hub into slots. Figures (engine side of issue 3
 - `evicted_restore_s`: engine 0 evicts an adapter (LRU pressure from other tenants) that engine 1 and the
   trainer still hold; the next request for it fetches it again (`evicted_restore_sources`: who served it);
   beside it the first fetch of the same adapter (`first_fetch_s`);
+- `request_kept_revision`: a request under tenant A's revision k runs while revision k+1 is published and
+  fetched into the same engine; its log-probs equal those of revision k alone;
 - `isolation_drift_bits`: tenant B's greedy log-probs (fp32, compared bit for bit) checked every
   `--check-every` of `--updates` interleaved revisions of tenant A, each fetched into the same engine.
 
@@ -204,6 +206,19 @@ def run(kind: str, tenants: int, revisions: int, trials: int, updates: int, chec
         out["evicted_restore_sources"] = {("peer" if s == e1.client.worker_id else "trainer"
                                            if s == tr.client.worker_id else s): n for s, n in by.items()}
         out["evictions"] = e0.engine.adapters.evictions - ev0
+        # ---- a request finishes on the revision it started with: A's next revision lands in another slot meanwhile
+        import threading
+
+        ka = (tr.model_of(0), tr.version[0])
+        if not e0.engine.adapters.has(ka):
+            e0.rcv.take(*ka, use=False)
+        before = e0.greedy_logprobs(ka)
+        seen = {}
+        req = threading.Thread(target=lambda: seen.update(lp=e0.greedy_logprobs(ka)))
+        req.start()
+        e0.rcv.take(tr.model_of(0), tr.publish(0), use=False)
+        req.join()
+        out["request_kept_revision"] = bool(torch.equal(seen["lp"], before))
         # ---- isolation: tenant B's greedy log-probs across tenant A's interleaved updates
         a, b = 0, 1 % tenants
         kb = (tr.model_of(b), tr.version[b])
@@ -264,6 +279,7 @@ def main(argv: list[str]) -> int:
           f"from {res['evicted_restore_sources']})")
     print(f"  isolation_drift_bits {res['isolation_drift_bits']} over {res['isolation_updates']} updates of tenant A, "
           f"{res['isolation_checks']} checks (target 0)")
+    print(f"  request_kept_revision {res['request_kept_revision']} (a request under A vk while A vk+1 is fetched)")
     print(f"  {res.get('hub_part') or {k: res[k] for k in ('quota_share_error_max', 'cross_tenant_read_refused') if k in res}}")
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
