@@ -8,13 +8,17 @@
     with slots.use(("policy.lora.a", 7)):     # pinned: never evicted or overwritten while a request runs
         model.generate(...)
 
-Each (model, version) key owns its slot until evicted, so a new revision lands in another slot and a request
-finishes on the revision it started with. The slot's tensors are the hub replica (fetched in place, no file, no
-copy); `on_evict(key)` runs before a slot is reused (the receiver releases that replica at the hub, so a later
-request for the key fetches it again from a peer or the trainer). Slots are made on first need (peft's
-`add_adapter`), up to `max_resident`, and reused after that.
+A slot is a set of plain tensors shaped like the adapter (the hub replica: fetched in place, no file, no copy).
+The peft model has one adapter; `use` re-points its lora_A/lora_B parameters at the slot's tensors (a pointer
+swap per tensor, as the in-flight switch does in rollout/engine.py), so switching tenants costs microseconds and
+a slot costs only its bytes. peft's own multi-adapter API was measured and rejected: on SmolLM2-135M under load,
+`add_adapter` took ~2 s per slot and `set_adapter` 0.3-1.2 s with 128 adapters (docs/lora.md).
 
-Simplifies: one adapter per `generate` call (peft's mixed-adapter batches are not used); one thread per engine.
+Each (model, version) key owns its slot until evicted, so a new revision lands in another slot and a request
+finishes on the revision it started with. `on_evict(key)` runs before a slot is reused (the receiver releases
+that replica at the hub, so a later request for the key fetches it again from a peer or the trainer).
+
+Simplifies: one adapter per `generate` call, and one call at a time per engine (`use` holds a lock).
 """
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ from typing import Callable, Hashable, Iterator
 
 import torch
 
-from rlsync.core.lora import LoraConfig, adapter_tensors, add_adapter, apply_lora, base_tensors
+from rlsync.core.lora import LoraConfig, adapter_parameters, apply_lora, base_tensors
 
 
 class AdapterCapacityError(RuntimeError):
@@ -48,13 +52,16 @@ class AdapterSlots:
             raise ValueError(f"max_resident must be >= 1 (got {max_resident})")
         self.cfg, self.max_resident = cfg, max_resident
         self.extra = dict(extra or {})
-        self.model = apply_lora(model, cfg, adapter="s0").eval()
+        self.model = apply_lora(model, cfg, adapter="live").eval()
         self.model.requires_grad_(False)
-        self._free: list[_Slot] = [_Slot("s0")]
-        self._made = 1
+        self._live = adapter_parameters(self.model, "live")  # re-pointed at the slot in use
+        self._free: list[_Slot] = []
+        self._made = 0
         self._by_key: OrderedDict[Hashable, _Slot] = OrderedDict()  # LRU order: oldest first
-        self._extra_bufs: dict[str, dict[str, torch.Tensor]] = {}
+        self._bufs: dict[str, dict[str, torch.Tensor]] = {}
         self._lock = threading.Lock()
+        self._calls = threading.Lock()  # one call at a time: the live parameters point at one slot
+        self._active: str | None = None
         self.on_evict: Callable[[Hashable], None] | None = None
         self.evictions = 0
 
@@ -85,7 +92,8 @@ class AdapterSlots:
             return self._free.pop()
         if self._made < self.max_resident:
             name = f"s{self._made}"
-            add_adapter(self.model, self.cfg, name)
+            self._bufs[name] = {n: torch.zeros_like(p.data) for n, p in self._live.items()}
+            self._bufs[name].update({n: torch.zeros(s, dtype=d) for n, (s, d) in self.extra.items()})
             self._made += 1
             return _Slot(name)
         for key, slot in self._by_key.items():  # least recently used first
@@ -100,12 +108,11 @@ class AdapterSlots:
                                    "raise max_resident or run fewer adapters at once")
 
     def _buffers(self, name: str) -> dict[str, torch.Tensor]:
-        out = adapter_tensors(self.model, name)
-        if self.extra:
-            if name not in self._extra_bufs:
-                self._extra_bufs[name] = {n: torch.zeros(s, dtype=d) for n, (s, d) in self.extra.items()}
-            out.update(self._extra_bufs[name])
-        return out
+        return dict(self._bufs[name])
+
+    def shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """name -> (shape, dtype) of an adapter's tensors (what a publisher of adapters for this engine sends)."""
+        return {n: (tuple(p.shape), p.dtype) for n, p in self._live.items()}
 
     def commit(self, key: Hashable, name: str) -> None:
         """The slot `name` (from `reserve`) now holds `key`, complete."""
@@ -117,9 +124,10 @@ class AdapterSlots:
         with self._lock:
             self._free.append(_Slot(name))
 
-    def extra_of(self, key: Hashable) -> dict[str, torch.Tensor]:
+    def tensors_of(self, key: Hashable) -> dict[str, torch.Tensor]:
+        """The resident adapter's tensors (`extra` included)."""
         with self._lock:
-            return self._extra_bufs.get(self._by_key[key].name, {})
+            return self._buffers(self._by_key[key].name)
 
     @contextmanager
     def use(self, key: Hashable) -> Iterator[str]:
@@ -131,8 +139,13 @@ class AdapterSlots:
             self._by_key.move_to_end(key)
             slot.pins += 1
         try:
-            self.model.set_adapter(slot.name)
-            yield slot.name
+            with self._calls:
+                if self._active != slot.name:
+                    bufs = self._bufs[slot.name]
+                    for n, p in self._live.items():
+                        p.data = bufs[n]
+                    self._active = slot.name
+                yield slot.name
         finally:
             with self._lock:
                 slot.pins -= 1

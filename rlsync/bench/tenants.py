@@ -155,8 +155,7 @@ def run(kind: str, tenants: int, revisions: int, trials: int, updates: int, chec
     cap = tenants * revisions + 8
     pool = [_Engine(kind, hub, "e0", cap), _Engine(kind, hub, "e1", cap)]
     e0, e1 = pool
-    names = {k: (tuple(x.shape), x.dtype) for k, x in e0.engine.adapters._buffers("s0").items()
-             if not k.startswith("__")}
+    names = e0.engine.adapters.shapes()
     tr = _Tenants(hub, kind, names, tenants)
     out: dict = {"model": kind, "tenants": tenants, "revisions": revisions, "adapter_bytes": tr.bytes,
                  "lora": {k: list(v) if isinstance(v, tuple) else v for k, v in LORA.items()}}
@@ -168,7 +167,7 @@ def run(kind: str, tenants: int, revisions: int, trials: int, updates: int, chec
             for t in range(tenants):
                 v = tr.publish(t)
                 e0.rcv.take(tr.model_of(t), v, use=False)
-                got = e0.engine.adapters._buffers(e0.engine.adapters._by_key[(tr.model_of(t), v)].name)
+                got = e0.engine.adapters.tensors_of((tr.model_of(t), v))
                 ok &= all(torch.equal(got[k], x) for k, x in tr.live[t].items())
         out["resident_adapters"] = len(set(e0.engine.adapters.resident()) | set(e1.engine.adapters.resident()))
         out["resident_verified"], out["fill_s"] = bool(ok), time.perf_counter() - t0

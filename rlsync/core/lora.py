@@ -50,26 +50,19 @@ def apply_lora(model: torch.nn.Module, cfg: LoraConfig, adapter: str = "default"
     return get_peft_model(model, cfg.peft_config(), adapter_name=adapter)
 
 
-def add_adapter(peft_model: torch.nn.Module, cfg: LoraConfig, adapter: str) -> None:
-    """One more adapter slot named `adapter` on a peft model (inference: no grad)."""
-    peft_model.add_adapter(adapter, cfg.peft_config())
-    for n, p in peft_model.named_parameters():
-        if f".{adapter}." in n:
-            p.requires_grad_(False)
-
-
 def _plain(name: str) -> str:
     return name[len(_PEFT_PREFIX):] if name.startswith(_PEFT_PREFIX) else name
 
 
-def adapter_tensors(peft_model: torch.nn.Module, adapter: str = "default") -> dict[str, torch.Tensor]:
-    """name -> live tensor (no copy) of adapter `adapter`, named without peft's prefix and adapter name."""
+def adapter_parameters(peft_model: torch.nn.Module, adapter: str = "default") -> dict[str, torch.nn.Parameter]:
+    """name -> parameter of adapter `adapter`, named without peft's prefix and adapter name."""
     tag = re.compile(rf"\.(lora_[AB])\.{re.escape(adapter)}\.")
-    out = {}
-    for n, p in peft_model.named_parameters():
-        if tag.search(n):
-            out[tag.sub(r".\1.", _plain(n))] = p.data
-    return out
+    return {tag.sub(r".\1.", _plain(n)): p for n, p in peft_model.named_parameters() if tag.search(n)}
+
+
+def adapter_tensors(peft_model: torch.nn.Module, adapter: str = "default") -> dict[str, torch.Tensor]:
+    """name -> live tensor (no copy) of adapter `adapter`, named as `adapter_parameters` names them."""
+    return {n: p.data for n, p in adapter_parameters(peft_model, adapter).items()}
 
 
 def base_tensors(peft_model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -91,7 +91,7 @@ def test_adapters_through_the_hub_reach_the_engine_bit_exact_with_residency_and_
             base_bytes = sum(x.numel() * x.element_size() for x in backend.base_parameters_for_sync().values())
             assert sizes[0] == sum(x.numel() * x.element_size() for x in adapter.values()) < base_bytes / 5
             assert trainer.versions("policy")["committed"] == [0]  # the base: published once
-            assert torch.equal(engine.adapters.extra_of(engine.adapter)[ADAPTER_BASE], torch.tensor([0]))
+            assert torch.equal(engine.adapters.tensors_of(engine.adapter)[ADAPTER_BASE], torch.tensor([0]))
             # max_adapters=2: v0 was evicted (released at the hub); v1 and v2 stay resident
             assert engine.adapters.resident() == [(adapter_model("policy"), 1), (adapter_model("policy"), 2)]
             held = {(r.model, r.version) for r in reader.held_ids()}
