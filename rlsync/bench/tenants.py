@@ -62,7 +62,8 @@ def _model(kind: str):
     from rlsync.rollout import load_smollm2
 
     m, tok = load_smollm2(cache_dir=os.path.expanduser("~/.cache/rlsync/smollm2"))
-    return m.eval(), tok.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True)
+    text = tok.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True, tokenize=False)
+    return m.eval(), list(tok(text)["input_ids"])
 
 
 class _Engine:
@@ -144,7 +145,9 @@ class _Tenants:
         return self.version[t]
 
 
-def run(kind: str, tenants: int, revisions: int, trials: int, updates: int, check_every: int) -> dict:
+def run(kind: str, tenants: int, revisions: int, trials: int, updates: int, check_every: int,
+        save=lambda out: None) -> dict:
+    """Every figure; `save(out)` is called after each phase (a run cut short keeps what it measured)."""
     import torch
 
     from rlsync.hub import HubConfig, RetentionConfig, start_embedded_hub
@@ -171,6 +174,8 @@ def run(kind: str, tenants: int, revisions: int, trials: int, updates: int, chec
                 ok &= all(torch.equal(got[k], x) for k, x in tr.live[t].items())
         out["resident_adapters"] = len(set(e0.engine.adapters.resident()) | set(e1.engine.adapters.resident()))
         out["resident_verified"], out["fill_s"] = bool(ok), time.perf_counter() - t0
+        out["load_now"] = _load()
+        save(out)
         # ---- publish -> first token on the new revision, vs the first token on a resident adapter
         e0.engine.adapters.max_resident = cap  # the slots exist: new revisions reuse the LRU ones
         fresh, resident = [], []
@@ -186,6 +191,8 @@ def run(kind: str, tenants: int, revisions: int, trials: int, updates: int, chec
         out["publish_to_first_token_p95_ms"] = 1e3 * _pct(fresh, 0.95)
         out["first_token_resident_p95_ms"] = 1e3 * _pct(resident, 0.95)
         out["publish_to_first_token_ratio_vs_resident_p95"] = _pct(fresh, 0.95) / _pct(resident, 0.95)
+        out["load_now"] = _load()
+        save(out)
         # ---- evicted adapter restored: engine 1 and the trainer hold it, engine 0 evicts it, then asks again
         t = 0
         key = (tr.model_of(t), tr.version[t])
@@ -205,6 +212,8 @@ def run(kind: str, tenants: int, revisions: int, trials: int, updates: int, chec
         out["evicted_restore_sources"] = {("peer" if s == e1.client.worker_id else "trainer"
                                            if s == tr.client.worker_id else s): n for s, n in by.items()}
         out["evictions"] = e0.engine.adapters.evictions - ev0
+        out["load_now"] = _load()
+        save(out)
         # ---- a request finishes on the revision it started with: A's next revision lands in another slot meanwhile
         import threading
 
@@ -218,6 +227,8 @@ def run(kind: str, tenants: int, revisions: int, trials: int, updates: int, chec
         e0.rcv.take(tr.model_of(0), tr.publish(0), use=False)
         req.join()
         out["request_kept_revision"] = bool(torch.equal(seen["lp"], before))
+        out["load_now"] = _load()
+        save(out)
         # ---- isolation: tenant B's greedy log-probs across tenant A's interleaved updates
         a, b = 0, 1 % tenants
         kb = (tr.model_of(b), tr.version[b])
@@ -267,7 +278,13 @@ def main(argv: list[str]) -> int:
     p.add_argument("--json", help="write every figure here")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    res = run(a.model, a.tenants, a.revisions, a.trials, a.updates, a.check_every)
+    def save(out: dict) -> None:
+        if a.json:
+            os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
+            with open(a.json, "w") as f:
+                json.dump(out, f, indent=1)
+
+    res = run(a.model, a.tenants, a.revisions, a.trials, a.updates, a.check_every, save)
     print(f"tenants: {a.model}, {a.tenants} tenants x {a.revisions} revisions, adapter {res['adapter_bytes'] / 1e6:.2f} MB "
           f"(load {res['load_before']} -> {res['load_after']}, {res['cpus']} cpus)")
     print(f"  resident_adapters {res['resident_adapters']} (target >= 128; verified {res['resident_verified']})")
@@ -280,8 +297,5 @@ def main(argv: list[str]) -> int:
           f"{res['isolation_checks']} checks (target 0)")
     print(f"  request_kept_revision {res['request_kept_revision']} (a request under A vk while A vk+1 is fetched)")
     print(f"  {res.get('hub_part') or {k: res[k] for k in ('quota_share_error_max', 'cross_tenant_read_refused') if k in res}}")
-    if a.json:
-        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=1)
+    save(res)
     return 0
