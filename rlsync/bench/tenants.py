@@ -12,7 +12,8 @@ takes adapters straight from the hub into slots. Figures (engine side of issue 3
   it), each slot checked bit for bit against what its tenant published (`resident_verified`);
 - `publish_to_first_token_{p50,p95}_ms`: a tenant publishes a new revision; the engine fetches it into a slot
   and samples the first token with it (one prompt, greedy). Baseline in the same run: the first token on an
-  adapter already resident (`first_token_resident_p95_ms`), and the ratio;
+  adapter already resident (`first_token_resident_p95_ms`), and the ratio; `publish_to_resident_p95_ms` is
+  the publish, fetch and slot alone (what the weights' path adds);
 - `evicted_restore_s`: engine 0 evicts an adapter (LRU pressure from other tenants) that engine 1 and the
   trainer still hold; the next request for it fetches it again (`evicted_restore_sources`: who served it);
   beside it the first fetch of the same adapter (`first_fetch_s`);
@@ -178,18 +179,20 @@ def run(kind: str, tenants: int, revisions: int, trials: int, updates: int, chec
         save(out)
         # ---- publish -> first token on the new revision, vs the first token on a resident adapter
         e0.engine.adapters.max_resident = cap  # the slots exist: new revisions reuse the LRU ones
-        fresh, resident = [], []
+        fresh, resident, landed = [], [], []
         for i in range(trials):
             t = i % tenants
             t1 = time.perf_counter()
             v = tr.publish(t)
             e0.rcv.take(tr.model_of(t), v, use=False)
+            landed.append(time.perf_counter() - t1)
             e0.engine.generate([e0.prompt], adapter=(tr.model_of(t), v))
             fresh.append(time.perf_counter() - t1)
             resident.append(e0.first_token((tr.model_of(t), v)))
         out["publish_to_first_token_p50_ms"] = 1e3 * _pct(fresh, 0.5)
         out["publish_to_first_token_p95_ms"] = 1e3 * _pct(fresh, 0.95)
         out["first_token_resident_p95_ms"] = 1e3 * _pct(resident, 0.95)
+        out["publish_to_resident_p95_ms"] = 1e3 * _pct(landed, 0.95)  # the hub's and the slot's part alone
         out["publish_to_first_token_ratio_vs_resident_p95"] = _pct(fresh, 0.95) / _pct(resident, 0.95)
         out["load_now"] = _load()
         save(out)
@@ -290,7 +293,8 @@ def main(argv: list[str]) -> int:
     print(f"  resident_adapters {res['resident_adapters']} (target >= 128; verified {res['resident_verified']})")
     print(f"  publish_to_first_token p50 {res['publish_to_first_token_p50_ms']:.1f} ms p95 "
           f"{res['publish_to_first_token_p95_ms']:.1f} ms (target <= 250; resident first token p95 "
-          f"{res['first_token_resident_p95_ms']:.1f} ms, ratio {res['publish_to_first_token_ratio_vs_resident_p95']:.2f})")
+          f"{res['first_token_resident_p95_ms']:.1f} ms, ratio {res['publish_to_first_token_ratio_vs_resident_p95']:.2f}; "
+          f"publish -> resident p95 {res['publish_to_resident_p95_ms']:.1f} ms)")
     print(f"  evicted_restore_s {res['evicted_restore_s']:.3f} (target <= 1; first fetch {res['first_fetch_s']:.3f} s; "
           f"from {res['evicted_restore_sources']})")
     print(f"  isolation_drift_bits {res['isolation_drift_bits']} over {res['isolation_updates']} updates of tenant A, "
