@@ -20,7 +20,8 @@ takes adapters straight from the hub into slots. Figures (engine side of issue 3
 - `request_kept_revision`: a request under tenant A's revision k runs while revision k+1 is published and
   fetched into the same engine; its log-probs equal those of revision k alone;
 - `isolation_drift_bits`: tenant B's greedy log-probs (fp32, compared bit for bit) checked every
-  `--check-every` of `--updates` interleaved revisions of tenant A, each fetched into the same engine.
+  `--check-every` of `--updates` interleaved revisions of tenant A, each fetched into the same engine (when A's
+  revisions have pushed B out of the LRU, the check fetches B again first: `isolation_b_restored`).
 
 The hub-side figures (`quota_share_error_max`, `cross_tenant_read_refused`) come from
 rlsync/bench/tenants_hub.py when that module is present (the tenants' credentials and quotas); without it
@@ -238,17 +239,21 @@ def run(kind: str, tenants: int, revisions: int, trials: int, updates: int, chec
         if not e0.engine.adapters.has(kb):
             e0.rcv.take(*kb, use=False)
         ref = e0.greedy_logprobs(kb).view(torch.int32)
-        drift, checks = 0, 0
+        drift, checks, restored = 0, 0, 0
         t1 = time.perf_counter()
         for i in range(1, updates + 1):
             v = tr.publish(a)
             e0.rcv.take(tr.model_of(a), v, use=False)
             if i % check_every == 0 or i == updates:
+                if not e0.engine.adapters.has(kb):  # A's revisions pushed B out (LRU): a request fetches it again
+                    e0.rcv.take(*kb, use=False)
+                    restored += 1
                 now = e0.greedy_logprobs(kb).view(torch.int32)
                 x = (ref ^ now) if now.shape == ref.shape else torch.full_like(ref, -1)
                 drift += sum(bin(int(w) & 0xFFFFFFFF).count("1") for w in x.flatten().tolist())
                 checks += 1
         out["isolation_drift_bits"], out["isolation_updates"], out["isolation_checks"] = drift, updates, checks
+        out["isolation_b_restored"] = restored  # checks that found B evicted and fetched it again first
         out["isolation_s"] = time.perf_counter() - t1
     finally:
         for e in pool:
