@@ -108,9 +108,11 @@ class _SwitchBetweenSteps:
 
 
 class RolloutEngine:
-    sync_caps: ClassVar[EngineCaps] = EngineCaps(in_place_fetch=True, load_state=True, inflight=True, verify=True)
+    sync_caps: ClassVar[EngineCaps] = EngineCaps(in_place_fetch=True, load_state=True, inflight=True, verify=True,
+                                                 adapters=True)
     """One process, plain torch parameters: the hub writes into them, or `load_state` copies in; in flight,
-    the next version lands in spare tensors and each parameter is re-pointed at them between two decode steps."""
+    the next version lands in spare tensors and each parameter is re-pointed at them between two decode steps;
+    with adapters (`enable_adapters`), many LoRA adapters resident over the base (rollout/adapters.py)."""
 
     @dataclass(kw_only=True)
     class Config:
@@ -143,6 +145,28 @@ class RolloutEngine:
         self._offered: int | None = None
         self._spare_lock = threading.Lock()
         self.switches: list[SwitchStats] = []
+        self.adapters = None
+        """`AdapterSlots` once `enable_adapters` ran (the model is then peft-wrapped); None: a plain model."""
+        self.adapter = None
+        """The adapter key (model, version) `generate` uses unless told another."""
+
+    def enable_adapters(self, cfg, max_resident: int, extra: dict | None = None):
+        """LoRA adapters over this engine's model from now on (`cfg`: an `rlsync.core.lora.LoraConfig`); at most
+        `max_resident` at once (LRU). Returns the `AdapterSlots` (the receiver fetches into its slots)."""
+        from .adapters import AdapterSlots
+
+        if self.kv_policy is not None:
+            raise ValueError("adapters and in-flight updates together are not supported (sync.inflight=false)")
+        if self.adapters is None:
+            self.adapters = AdapterSlots(self.model, cfg, max_resident, extra=extra)
+            self.model = self.adapters.model
+        return self.adapters
+
+    def use_adapter(self, key, version: int) -> None:
+        """`generate` uses adapter `key` (resident) from now on; `version` becomes the engine's version."""
+        if not self.adapters.has(key):
+            raise KeyError(f"adapter {key} is not resident")
+        self.adapter, self.version = key, version
 
     def _generation_config(self):
         from transformers import GenerationConfig
@@ -165,10 +189,21 @@ class RolloutEngine:
             mask[i, p - len(x):] = 1
         return ids, mask
 
-    @torch.no_grad()
-    def generate(self, prompts: list[list[int]]) -> Rollout:
+    def generate(self, prompts: list[list[int]], adapter=None) -> Rollout:
         """Sample one response per prompt (repeat a prompt in the list for a GRPO group). In flight, a version
-        offered meanwhile is switched in after a sampled token (`token_versions` says which sampled each)."""
+        offered meanwhile is switched in after a sampled token (`token_versions` says which sampled each).
+        With adapters: under `adapter` (default `self.adapter`), pinned until the call returns."""
+        if self.adapters is None:
+            return self._generate(prompts)
+        key = self.adapter if adapter is None else adapter
+        with self.adapters.use(key):
+            out = self._generate(prompts)
+        if adapter is not None:
+            out.version = adapter[1]
+        return out
+
+    @torch.no_grad()
+    def _generate(self, prompts: list[list[int]]) -> Rollout:
         ids, pmask = self.left_pad(prompts)
         p = ids.shape[1]
         version = self._switch(in_flight=False) or self.version
@@ -210,6 +245,8 @@ class RolloutEngine:
         """Take versions offered into the spare buffers between decode steps (`kv_policy`: keep | recompute)."""
         if kv_policy not in ("keep", "recompute"):
             raise ValueError(f"kv policy must be 'keep' or 'recompute' (got {kv_policy!r})")
+        if self.adapters is not None:
+            raise ValueError("adapters and in-flight updates together are not supported (sync.inflight=false)")
         self.kv_policy = kv_policy
 
     def next_buffers(self) -> dict[str, torch.Tensor]:

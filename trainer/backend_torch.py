@@ -28,6 +28,8 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from rlsync.core.lora import LoraConfig, adapter_tensors, apply_lora, base_tensors
+
 from .backend import TrainerBackend
 from .distributed import DistConfig, init_process_group, leave_process_group
 from .registry import register_backend
@@ -41,8 +43,13 @@ class TorchBackend(TrainerBackend):
     class Config(TrainerBackend.Config):
         dist: DistConfig = field(default_factory=DistConfig)
         """Process group; world_size 1 runs without one."""
+        lora: LoraConfig = field(default_factory=LoraConfig)
+        """rank > 0: train a LoRA adapter (peft) over the frozen model; each version is the adapter alone and
+        the base is published once (`base_parameters_for_sync`, docs/lora.md)."""
 
     def _setup(self, model: torch.nn.Module, critic: torch.nn.Module | None) -> None:
+        if self.config.lora.enabled:
+            model = apply_lora(model, self.config.lora)
         self._model, self._critic = model, critic
         self._wrap(self.config.dist.resolved())
         self.reset_optimizer()
@@ -68,7 +75,8 @@ class TorchBackend(TrainerBackend):
         return self.version
 
     def reset_optimizer(self) -> None:
-        self.optimizer = self.config.optimizer.build(self._model.parameters())
+        # LoRA: only the adapter trains (the frozen base gets no moments)
+        self.optimizer = self.config.optimizer.build([p for p in self._model.parameters() if p.requires_grad])
         self.critic_optimizer = (self.config.critic_optimizer.build(self._critic.parameters())
                                  if self._critic is not None else None)
 
@@ -112,7 +120,15 @@ class TorchBackend(TrainerBackend):
     def named_parameters_for_sync(self) -> dict[str, torch.Tensor]:
         # `.data`: the same storage as the parameter, without autograd history. Tied weights
         # (embed/lm_head) appear once, under the name `named_parameters()` gives them.
+        if self.config.lora.enabled:  # a version is the adapter alone (its base: `base_parameters_for_sync`)
+            return adapter_tensors(self._model)
         return {name: p.data for name, p in self._model.named_parameters()}
+
+    def base_parameters_for_sync(self) -> dict[str, torch.Tensor]:
+        """LoRA: name -> live tensor of the frozen base (HF names), published once; never written by a step."""
+        if not self.config.lora.enabled:
+            raise ValueError("base_parameters_for_sync: this trainer trains every parameter (trainer.lora.rank=0)")
+        return base_tensors(self._model)
 
     def state_dict(self) -> dict[str, Any]:
         """Everything resume needs: weights, optimizer moments, critic, version (tensors are copies)."""

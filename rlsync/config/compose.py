@@ -164,7 +164,8 @@ def sync_shape(cfg: TrainConfig) -> RunShape:
     t = cfg.trainer
     return RunShape(backend=t.backend, zero_stage=t.zero_stage, publish=t.publish, trainer_world_size=t.world_size,
                     elastic_trainer=t.elastic.enabled, seed_dcs=bool(cfg.hub.seed_dcs),
-                    moving_pools=tuple(n for n, p in cfg.pools.items() if p.policy != "fixed"))
+                    moving_pools=tuple(n for n, p in cfg.pools.items() if p.policy != "fixed"),
+                    lora_rank=t.lora.rank, lora_alpha=float(t.lora.alpha), lora_targets=tuple(t.lora.target_modules))
 
 
 def route_of(cfg: TrainConfig) -> type[WeightSync]:

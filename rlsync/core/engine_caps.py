@@ -42,6 +42,9 @@ class EngineCaps:
     (name -> the tensor its forward reads, after any conversion), `probe_logprobs(tokens)` and
     `compute_dtype`; an engine that reads the hub itself adds `verify_source()` (the manifest and staged
     tensors it applied from) and `reapply(version)` (take it again, not from its own staging)."""
+    adapters: bool = False
+    """LoRA adapters over a base (`trainer.lora`, docs/lora.md): `enable_adapters(cfg, max_resident, extra)` gives
+    the engine's `AdapterSlots` (the base's tensors, a slot per adapter key, LRU-bounded), `use_adapter(key, v)`."""
 
     @property
     def reads_hub(self) -> bool:

@@ -60,6 +60,9 @@ class SyncConfig:
     """sync.variant: who derives each version's variant: `engine` (the first engine to need it: it takes the
     version itself once) or `trainer` (rank 0, right after publishing, from its live tensors: every engine then
     takes only the variant's bytes; the trainer holds one more copy, in the variant's dtypes)."""
+    max_adapters: int = 8
+    """hub_adapter (trainer.lora): adapters (tenants x revisions) an engine keeps resident over its base; the least
+    recently used one beyond this is evicted (its replica released; a later request fetches it again)."""
     kv_policy: str = "keep"
     """inflight: what requests in flight do at a switch: `keep` (continue on the KV cache the old weights
     computed, PipelineRL; free) or `recompute` (prefill each in-flight sequence again under the new weights)."""
@@ -93,6 +96,16 @@ class RunShape:
     seed_dcs: bool = False
     moving_pools: tuple[str, ...] = ()
     """Pools whose size can change mid-run (policy != fixed)."""
+    lora_rank: int = 0
+    """trainer.lora.rank: > 0, each version is a LoRA adapter over a base published once (hub_adapter.py)."""
+    lora_alpha: float = 16.0
+    lora_targets: tuple[str, ...] = ()
+
+    def lora(self):
+        """The run's `LoraConfig` (rank 0: off)."""
+        from rlsync.core.lora import LoraConfig
+
+        return LoraConfig(rank=self.lora_rank, alpha=self.lora_alpha, target_modules=list(self.lora_targets))
 
 
 @dataclass(kw_only=True)
@@ -295,6 +308,8 @@ class WeightSync:
     publisher: ClassVar[type[WeightPublisher]]
     receiver: ClassVar[type[WeightReceiver]]
     coordinator: ClassVar[type[SyncCoordinator]] = SyncCoordinator
+    adapters: ClassVar[bool] = False
+    """Sends LoRA adapters over a base (what `trainer.lora.rank > 0` needs); the others send whole models."""
 
     @classmethod
     def misfit(cls, sync: SyncConfig, shape: RunShape) -> str | None:
@@ -328,6 +343,12 @@ def choose_route(sync: SyncConfig, shape: RunShape) -> type[WeightSync]:
     mine = sorted((r for r in routes if r.mode == sync.mode), key=lambda r: r.order)
     if not mine:
         raise SyncModeError(f"sync.mode: unknown mode {sync.mode!r}; known: {', '.join(sync_modes())}")
+    # A LoRA run's versions are adapters: only an adapter route carries them (and adapter routes nothing else).
+    mine = [r for r in mine if r.adapters == (shape.lora_rank > 0)]
+    if not mine:
+        modes = "|".join(sorted({r.mode for r in routes if r.adapters}))
+        raise SyncModeError(f"trainer.lora.rank={shape.lora_rank} needs sync.mode={modes} (got {sync.mode}: its "
+                            "channel sends whole models)")
     if shape.publish == "sharded":
         sharding = [r for r in mine if r.shards]
         if not sharding:

@@ -79,12 +79,19 @@ class WeightEngine(Protocol):
     def staging_held(self) -> Any:
         """verify + reads_hub: a context in which nothing refills the staging `verify_source` returned."""
 
+    def enable_adapters(self, cfg: Any, max_resident: int, extra: dict | None = None) -> Any:
+        """adapters: LoRA slots over the base from now on; the `AdapterSlots` (rollout/adapters.py)."""
+
+    def use_adapter(self, key: Any, version: int) -> None:
+        """adapters: generate with resident adapter `key`; the engine's version becomes `version`."""
+
 
 METHODS = {"in_place_fetch": ("named_parameters_for_sync",), "load_state": ("load_state",),
            "staged": ("attach_hub", "update_latest", "apply_staged", "prefetch_latest", "close"),
            "tp_sliced": ("attach_hub", "update_latest", "close"),
            "inflight": ("start_inflight", "switch_prepared", "take_switches"),
-           "verify": ("weights_readback", "probe_logprobs")}
+           "verify": ("weights_readback", "probe_logprobs"),
+           "adapters": ("enable_adapters", "use_adapter")}
 """The methods each capability promises."""
 INFLIGHT_WITH = {"staged": ("stage_version",), "in_place_fetch": ("next_buffers", "offer_next")}
 """What an in-flight engine adds for the way weights reach it."""

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Sequence, TypeVar
 
+from rlsync.core.lora import LoraConfig
 from rlsync.trainer.backend import OptimizerConfig, TrainerBackend
 from rlsync.workers.process import LocationConfig
 
@@ -110,6 +111,9 @@ class TrainerGroupConfig:
     """Elastic group: re-form when a rank dies, admit ranks added mid-run; weights back from the hub (docs/elastic.md)."""
     churn: TrainerChurnConfig = field(default_factory=TrainerChurnConfig)
     """Injected trainer churn: kill a rank during step s, add one after step s (needs elastic.enabled)."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """rank > 0: train a LoRA adapter over the frozen model (backend=torch); the base is published once, each
+    version is the adapter alone and engines hold many adapters over one base (docs/lora.md)."""
 
 
 def split_groups(items: Sequence[T], ranks: int) -> list[list[T]]:

@@ -153,7 +153,7 @@ def test_enum_choices_and_unknown_keys_are_refused_with_the_choices():
     with pytest.raises(ConfigCompositionException):
         _compose("+recipe=grpo_standalone", "trainer.elastic.optimizer_state=sometimes")
     assert unknown_override("trainer.lrr=1") == ("unknown config key 'trainer.lrr': trainer has algo, backend, churn, "
-                                                 "elastic, extra_ds_config, location, publish, world_size, "
+                                                 "elastic, extra_ds_config, location, lora, publish, world_size, "
                                                  "zero_stage")
     assert unknown_override("trainer.algo.optimizer.lr=1") is None and unknown_override("pools.x.size=1") is None
 

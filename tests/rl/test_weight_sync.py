@@ -76,7 +76,7 @@ def test_engines_declare_what_they_can_take_and_a_false_declaration_is_refused()
     cfg = TrainConfig()
     model, _ = build_policy(cfg.model, cfg.task, cfg.seed)
     hf = RolloutEngine(RolloutEngine.Config(), model, pad_token_id=0, eos_token_id=1)
-    assert caps_of(hf) == EngineCaps(in_place_fetch=True, load_state=True, inflight=True, verify=True) \
+    assert caps_of(hf) == EngineCaps(in_place_fetch=True, load_state=True, inflight=True, verify=True, adapters=True) \
         and not caps_of(hf).reads_hub
     with pytest.raises(EngineCapsError, match="declares no `sync_caps`"):
         caps_of(Undeclared())
