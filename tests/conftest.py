@@ -14,7 +14,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 
 # Test files taking over ~15 s, longest first: an order, not figures (from the suite's --durations on
-# 2 cores, 2026-11-23: the README's idle run for the top five, a run at load 12-40 for the rest).
+# 2 cores, 2026-11-23: the README's idle run for the top five, a run at load 12-40 for the rest; the files
+# added on 2026-11-27 from that day's fresh-clone run, whose tail ran them in series at load 0.5).
 # A new file over ~15 s belongs here, by its duration.
 LONGEST_FIRST = [
     "rl/test_attach_from_shell.py",
@@ -28,6 +29,10 @@ LONGEST_FIRST = [
     "vllm/test_vllm_weight_transfer.py",
     "vllm/test_vllm_tp.py",
     "rl/test_plugins.py",
+    "rl/test_verify.py",
+    "rl/test_ecosystem_e2e.py",
+    "rl/test_lora.py",
+    "trainer/test_trainer_grpo_learns.py",
     "trainer/test_trainer_backend_deepspeed.py",
     "rl/test_zero3_sharded_rl.py",
     "trainer/test_zero3_sharded_publish.py",
@@ -43,6 +48,8 @@ LONGEST_FIRST = [
     "bench/test_topo.py",
     "rl/test_rl_e2e.py",
     "rl/test_rl_stall.py",
+    "hub/server/test_tenants.py",
+    "hub/server/test_annotations.py",
 ]
 
 

@@ -53,8 +53,10 @@ def _rewards(tiny_cfg, run_dir) -> list[float]:
     return [r["reward/mean"] for r in rows]
 
 
-@pytest.mark.timeout(600)  # three start-ups, one beside a busy core: ~40 s idle, minutes when the machine is shared
-def test_three_runs_of_one_seed_give_the_same_rewards_one_of_them_beside_a_cpu_hog(ray_address, tiny_cfg, tmp_path):
+@pytest.mark.timeout(600)  # two start-ups, one beside a busy core: ~30 s idle, minutes when the machine is shared
+def test_two_runs_of_one_seed_give_the_same_rewards_one_of_them_beside_a_cpu_hog(ray_address, tiny_cfg, tmp_path):
+    # Two runs, not three: the run beside the busy core is the one whose timing differs; a third quiet run
+    # repeated the first's timing and cost ~35 s of the suite's 15-minute budget.
     quiet = _rewards(tiny_cfg, tmp_path / "a")
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # one busy core, for the run's length only
     try:
@@ -62,6 +64,5 @@ def test_three_runs_of_one_seed_give_the_same_rewards_one_of_them_beside_a_cpu_h
     finally:
         hog.kill()
         hog.wait()
-    again = _rewards(tiny_cfg, tmp_path / "c")
     assert len(set(quiet)) > 1  # rewards that move: the comparison below is not of constants
-    assert loaded == quiet and again == quiet
+    assert loaded == quiet
