@@ -11,6 +11,10 @@ pytestmark = pytest.mark.timeout(900)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+@pytest.mark.skipif(not os.environ.get("RLSYNC_SLOW_TESTS"),
+                    reason="two more vLLM engines and their own Ray cluster (~110 s) do not fit the suite's 15-minute "
+                           "budget beside the in-flight grpo_real run; run it with RLSYNC_SLOW_TESTS=1 (the stage it "
+                           "drives is tested in tests/vllm/test_vllm_engine.py)")
 def test_example_two_engines_one_served_by_the_other(tmp_path):
     out = tmp_path / "summary.json"
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own Ray, not the session's
