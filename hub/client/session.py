@@ -43,6 +43,7 @@ class Session:
         self.data: DataServer | None = None
         self.heartbeat_thread: threading.Thread | None = None
         self._hb_stop = threading.Event()
+        self._watch: HubConnectionWatch | None = None  # the heartbeat thread's, while it runs
         self._name, self._role, self._follow = "worker", "worker", False
         self.rejoin_lock = threading.Lock()
         """Held while a re-join re-registers the book; a release marks its replica under it."""
@@ -88,6 +89,9 @@ class Session:
             self.rpc.close()
             return
         self._hb_stop.set()
+        watch = self._watch
+        if watch is not None:
+            watch.interrupt()  # the thread's wait ends now, not at its next heartbeat
         if self.heartbeat_thread is not None:
             self.heartbeat_thread.join(timeout=5)
         try:
@@ -123,7 +127,7 @@ class Session:
 
     def _heartbeat_loop(self) -> None:
         rpc = self._heartbeat_channel()
-        watch = HubConnectionWatch(self.address)
+        watch = self._watch = HubConnectionWatch(self.address)
         try:
             while not self._hb_stop.is_set():
                 if watch.wait_reconnect(self.cfg.heartbeat_s):
@@ -148,6 +152,7 @@ class Session:
                 for model, version, key, group in r.get("tasks", []):
                     self._start_seed_fetch(model, version, key, group)
         finally:
+            self._watch = None
             watch.close()
             rpc.close()
 

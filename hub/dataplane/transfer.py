@@ -59,6 +59,10 @@ class DataServer:
 
     def close(self) -> None:
         self._stop.set()
+        try:
+            self._lsock.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept now (not at its 0.5 s timeout)
+        except OSError:
+            pass
         self._thread.join(timeout=2)
         self._lsock.close()
 

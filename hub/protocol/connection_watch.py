@@ -24,6 +24,8 @@ import time
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from rlsync.hub.protocol.waker import Waker
+
 _monitor_ids = itertools.count(1)
 
 RECONNECT_IVL_MS = 50
@@ -76,6 +78,7 @@ class HubConnectionWatch:
         self.address = address
         self.down = False
         self._down_since = 0.0
+        self._waker = Waker()  # `interrupt()`: a leaving worker does not wait out the heartbeat period
         self._open()
 
     def _open(self) -> None:
@@ -87,7 +90,7 @@ class HubConnectionWatch:
 
     def _renew_if_stuck(self) -> None:
         if self.down and time.monotonic() - self._down_since > self.RENEW_S:
-            self.close()
+            self._close_socket()
             self._open()
             self._down_since = time.monotonic()
 
@@ -113,9 +116,24 @@ class HubConnectionWatch:
             if left <= 0:
                 return False
             wait = min(left, self.RENEW_S) if self.down else left  # down: wake to renew a stuck socket
-            if not self._mon.poll(max(1, int(wait * 1000))) and not self.down:
+            poller = zmq.Poller()
+            poller.register(self._mon, zmq.POLLIN)
+            poller.register(self._waker.fd, zmq.POLLIN)
+            ready = dict(poller.poll(max(1, int(wait * 1000))))
+            if self._waker.fd in ready:
+                self._waker.clear()
+                return False  # interrupted: the caller looks at why (its stop flag)
+            if not ready and not self.down:
                 return False
 
-    def close(self) -> None:
+    def interrupt(self) -> None:
+        """Wake a `wait_reconnect` in another thread now (it returns False). Safe after `close`."""
+        self._waker.wake()
+
+    def _close_socket(self) -> None:
         unmonitor(self._sock, self._mon)
         self._sock.close(0)
+
+    def close(self) -> None:
+        self._close_socket()
+        self._waker.close()

@@ -11,6 +11,7 @@ Reply:    {"id": int, "ok": True, "result": ...} | {"id": int, "ok": False, "err
 """
 from __future__ import annotations
 
+import errno
 import itertools
 import logging
 import os
@@ -102,6 +103,26 @@ def check_port(port, *, bind: bool = False) -> int:
     if not isinstance(port, int) or isinstance(port, bool) or not lo <= port <= 65535:
         raise InvalidArgumentError(f"port must be an int in {lo}..65535, got {port!r}")
     return port
+
+
+def wait_port_released(address: str, timeout_s: float = 2.0) -> None:
+    """Return once nothing listens on `address`'s port any more (or after `timeout_s`). ZeroMQ closes a
+    socket's listener in its I/O thread after `close()` returns: a hub restarted on its port at once
+    would otherwise race the old listener (EADDRINUSE)."""
+    import socket
+
+    host, _, port = address[len("tcp://"):].rpartition(":")
+    end = time.monotonic() + timeout_s
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as ZeroMQ binds: TIME_WAIT is no obstacle
+            try:
+                s.bind((host, int(port)))
+                return
+            except OSError as e:
+                if e.errno != errno.EADDRINUSE or time.monotonic() >= end:
+                    return  # free, or not ours to judge (a name, IPv6): no wait
+        time.sleep(0.005)
 
 
 def check_address(address) -> str:

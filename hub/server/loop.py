@@ -25,7 +25,7 @@ from rlsync.hub.server.known_manifests import KnownManifests
 from rlsync.hub.model.location import Location
 from rlsync.hub.model.replica_id import ReplicaId
 from rlsync.hub.server.plan_replies import Packed, PlanReplies
-from rlsync.hub.protocol.rpc import MAX_MESSAGE_BYTES, check_port, pack, read_or_create_token
+from rlsync.hub.protocol.rpc import MAX_MESSAGE_BYTES, check_port, pack, read_or_create_token, wait_port_released
 from rlsync.hub.server.annotations import AnnotationOps
 from rlsync.hub.server.deltas import DeltaOps
 from rlsync.hub.server.derived import DerivedOps
@@ -36,6 +36,7 @@ from rlsync.hub.model.shard import Shard
 from rlsync.hub.state import DONE, KEEP_OLD, PENDING, HubConfig, HubState
 from rlsync.hub.state.records import HolderSilentError
 from rlsync.hub.protocol.tickets import TicketSigner
+from rlsync.hub.protocol.waker import Waker
 from rlsync.hub.protocol.args import SPECS, check_args, manifest_from_wire
 
 log = logging.getLogger(__name__)
@@ -80,7 +81,7 @@ class HubServer(DeltaOps, DerivedOps, WaitOps, TenantOps, AnnotationOps):
             self._sock.bind(f"tcp://{host}:{port}")
         self.address = f"tcp://{host}:{port}"
         self._waiting: dict[str, list[tuple[bytes, int]]] = {}
-        self._stop = threading.Event()
+        self._stop, self._waker = threading.Event(), Waker()  # stop() wakes the poll at once, not at its tick
         self._thread: threading.Thread | None = None
         self.rpc_count = 0
         self.rpc_by_op: dict[str, int] = {}
@@ -100,6 +101,7 @@ class HubServer(DeltaOps, DerivedOps, WaitOps, TenantOps, AnnotationOps):
         log.info("hub serving on %s (journal %s)", self.address, self.journal.path)
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
+        poller.register(self._waker.fd, zmq.POLLIN)
         next_tick = time.monotonic() + TICK_S
         try:
             while not self._stop.is_set():
@@ -125,6 +127,7 @@ class HubServer(DeltaOps, DerivedOps, WaitOps, TenantOps, AnnotationOps):
                     next_tick = time.monotonic() + TICK_S
         finally:
             self._sock.close(0)
+            self._waker.close()
             self.journal.close()  # checkpoints the WAL: a clean stop leaves the journal in one file
             log.info("hub on %s stopped; journal %s closed; control RPCs served by op: %s", self.address,
                      self.journal.path, dict(sorted(self.rpc_by_op.items())))
@@ -136,8 +139,10 @@ class HubServer(DeltaOps, DerivedOps, WaitOps, TenantOps, AnnotationOps):
 
     def stop(self) -> None:
         self._stop.set()
+        self._waker.wake()
         if self._thread is not None:
             self._thread.join(timeout=5)
+            wait_port_released(self.address)  # stopped means the port is free: a restart on it binds
 
     # ------------------------------------------------------------------ requests
     def _reply(self, ident: bytes, rid, ok: bool, payload) -> None:
@@ -379,9 +384,8 @@ def serving_gc() -> None:
 
 
 def serve_main(host: str, port: int, token_file: str, journal: str, config: HubConfig | None = None) -> None:
-    """Serve until SIGTERM or SIGINT, then stop cleanly: the loop ends within one tick, the journal is
-    checkpointed and closed, and the process exits 0. A restart on the same journal resumes as after
-    a kill -9 (workers re-register what they hold)."""
+    """Serve until SIGTERM or SIGINT, then stop cleanly: the loop ends within one tick, the journal is checkpointed
+    and closed, the process exits 0. A restart on the same journal resumes as after a kill -9 (re-registration)."""
     token = read_or_create_token(token_file)
     serving_gc()
     server = HubServer(host=host, port=port, token=token, journal=journal, config=config)
