@@ -158,6 +158,8 @@ def run(rounds: int, batch: int, tokens: int, kv: str, soak: int, stage_nice: in
         engine.generate(prompts)  # warm-up
         res = {"none": [0, 0.0], "inflight": [0, 0.0], "drain": [0, 0.0]}
         pauses: dict[str, list[float]] = {"inflight": [], "drain": []}
+        lags: dict[str, list[float]] = {"inflight": [], "drain": []}  # publish returned -> the version switched in
+        published = [0.0]
         checks = {"spans_ok": True, "switch_split_one_step": True, "sane": True, "switches_in_flight": 0}
         round_s = None
 
@@ -166,7 +168,9 @@ def run(rounds: int, batch: int, tokens: int, kv: str, soak: int, stage_nice: in
                 lower_thread_priority(stage_nice)  # as the receiver's follower does (sync.stage_nice)
                 time.sleep(delay)  # a point inside the round (the benchmark's schedule, not a synchronisation)
                 rl.stage.on_landed = build if building else None
-                rl.stage_version(trainer.publish())
+                v = trainer.publish()
+                published[0] = time.monotonic()
+                rl.stage_version(v)
             t = threading.Thread(target=go, daemon=True)
             t.start()
             return t
@@ -189,6 +193,7 @@ def run(rounds: int, batch: int, tokens: int, kv: str, soak: int, stage_nice: in
                     got = rl.stage.apply_staged()  # stop, apply, resume: today's path
                     pause = got.pause_s if got is not None else 0.0
                     pauses["drain"].append(pause)
+                    lags["drain"].append(time.monotonic() - published[0])
                 elif way == "inflight":
                     sws = rl.take_switches()
                     if not sws:  # published after the last decode step: switched in between calls
@@ -197,6 +202,7 @@ def run(rounds: int, batch: int, tokens: int, kv: str, soak: int, stage_nice: in
                     else:
                         checks["switches_in_flight"] += 1
                     pauses["inflight"] += [s.pause_s for s in sws]
+                    lags["inflight"] += [s.at - published[0] for s in sws]
                     checks["spans_ok"] &= _spans_ok(out, old, engine.version)
                     checks["switch_split_one_step"] &= _one_split(out, old, engine.version)
                 checks["sane"] &= _sane(out, vocab)
@@ -241,6 +247,7 @@ def run(rounds: int, batch: int, tokens: int, kv: str, soak: int, stage_nice: in
             "tokens": tokens, "kv_policy": kv, "stage_nice": stage_nice, "tokens_per_s": tps,
             "decode_pause_ms": {k: {"p50": 1e3 * _pct(v, 0.5), "p95": 1e3 * _pct(v, 0.95), "n": len(v)}
                                 for k, v in pauses.items()},
+            "switch_lag_s": {k: {"p50": _pct(v, 0.5), "p95": _pct(v, 0.95), "n": len(v)} for k, v in lags.items()},
             "decode_pause_p95_ms": 1e3 * _pct(pauses["inflight"], 0.95),
             "decode_pause_p50_ms": 1e3 * _pct(pauses["inflight"], 0.5),
             "tokens_per_s_ratio_updates_vs_none": tps["inflight"] / tps["none"],
@@ -266,7 +273,9 @@ def main(argv: list[str]) -> int:
     print(f"inflight: SmolLM2-135M vLLM engine, {a.rounds} rounds x {a.batch} prompts x {a.tokens} tokens, "
           f"kv={a.kv}, stage nice {a.stage_nice} (load {res['load_before']} -> {res['load_after']}, {res['cpus']} cpus)")
     for k in ("none", "inflight", "drain"):
-        extra = f"   pause p50 {d[k]['p50']:.1f} ms p95 {d[k]['p95']:.1f} ms (n={d[k]['n']})" if k in d else ""
+        lag = res["switch_lag_s"].get(k)
+        extra = (f"   pause p50 {d[k]['p50']:.1f} ms p95 {d[k]['p95']:.1f} ms (n={d[k]['n']}); publish -> switched in "
+                 f"p50 {lag['p50']:.2f} s p95 {lag['p95']:.2f} s") if k in d else ""
         print(f"  {k:<9} {t[k]:8.1f} tok/s{extra}")
     print(f"  decode_pause_p95_ms {res['decode_pause_p95_ms']:.1f} (target <= 50); tokens_per_s_ratio_updates_vs_none "
           f"{res['tokens_per_s_ratio_updates_vs_none']:.3f} (>= 0.9); tokens_per_s_ratio_vs_drain "

@@ -29,10 +29,14 @@ log = logging.getLogger(__name__)
 def lower_thread_priority(nice: int) -> None:
     """Run the calling thread (and the threads it starts later, which inherit it on Linux) at `nice`: staging
     a version then yields the cores to generation, whose OpenMP team stalls whole decode steps when one of
-    its threads is preempted. Raising priority back needs privileges: never attempted."""
+    its threads is preempted. `nice` 20 means SCHED_IDLE: the thread runs only on a core nothing else wants
+    (docs/rl.md, "sync.stage_nice"). Raising priority back needs privileges: never attempted."""
     if nice <= 0 or not hasattr(os, "setpriority"):
         return
     try:
+        if nice >= 20 and hasattr(os, "SCHED_IDLE"):
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # 0: the calling thread (Linux)
+            return
         tid = threading.get_native_id()
         os.setpriority(os.PRIO_PROCESS, tid, max(os.getpriority(os.PRIO_PROCESS, tid), min(19, nice)))
     except OSError as e:  # a container that forbids it: stage at the normal priority

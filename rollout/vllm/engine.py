@@ -65,6 +65,8 @@ class Switch:
     """Building it beside the live weights, off the decode path."""
     in_flight: bool
     """Switched between two decode steps of a running `generate` (False: between calls)."""
+    at: float = 0.0
+    """time.monotonic() when it was switched in (a version's lag from its publish: `bench inflight`)."""
 
 
 @dataclass(slots=True)
@@ -342,7 +344,7 @@ class VllmEngine:
         if not self.llm.collective_rpc(inflight_swap, args=(p.specs, p.built))[0]:
             return None  # a newer build overwrote its slot: that one will be prepared next
         self._version = p.version
-        self.switches.append(Switch(p.version, time.monotonic() - t0, p.build_s, in_flight))
+        self.switches.append(Switch(p.version, time.monotonic() - t0, p.build_s, in_flight, time.monotonic()))
         return p.version
 
     # ------------------------------------------------------------------ verification (docs/verify.md)
