@@ -135,7 +135,7 @@ def probe_int8(model_dir: str, out_dir: str) -> dict:
 
     a = fp32_weights(model_dir)
     g = torch.Generator().manual_seed(33)
-    b = {n: t * (1 + 0.05 * torch.randn(t.shape, generator=g)) for n, t in a.items()}
+    b = {n: t * (1 + 0.01 * torch.randn(t.shape, generator=g)) for n, t in a.items()}
     qa = int8_variant(a)
     out: dict = {"bytes": sum(x.nbytes for x in qa.values())}
     t0 = time.monotonic()

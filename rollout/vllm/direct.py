@@ -77,11 +77,14 @@ class DirectPlan:
     """Module path -> the weight its kernel was last packed from (its buffer, or the staged tensors)."""
     keeps_source: set[str] = field(default_factory=set)
     """Layers whose kernel was seen keeping a reference to its source weight: always packed from the buffer."""
+    owns_copy: set[str] = field(default_factory=set)
+    """Layers whose kernel was seen keeping nothing of the staging it was packed from (checked at the first such
+    pack: the kernel a layer gets depends on its shape, dtype and the CPU, the same at every apply)."""
     parts: dict[str, float] = field(default_factory=dict)
     """The last apply, in parts (seconds; `layers_from_staging` / `layers_copied` are counts): `stream_s`
     waiting on the weights' iterator (the stage's checksum re-check), `copy_linear_s` into the linear
     buffers, `copy_in_place_s` (embedding, norms, scales), `repack_<kind>_s` per layer kind (qkv_proj,
-    o_proj, gate_up_proj, down_proj, lm_head, ...), `total_s`."""
+    o_proj, gate_up_proj, down_proj, lm_head, ...), `other_s` (the rest: placing weights, Python), `total_s`."""
 
     def kernel_source(self, path: str) -> torch.Tensor:
         """What `path`'s kernel was last packed from (the read-back of a repacked layer)."""
@@ -286,7 +289,7 @@ def direct_load(model, plan: DirectPlan, weights: Iterable[tuple[str, torch.Tens
                 m.weight = torch.nn.Parameter(src, requires_grad=False)
             t0 = clock()
             m.quant_method.process_weights_after_loading(m)
-            if src is not None and src is not buf and _refers_to(m, src):
+            if src is not None and src is not buf and path not in plan.owns_copy and _refers_to(m, src):
                 log.warning("%s: its kernel keeps a reference to the weight it was packed from: packing it from "
                             "the engine's own buffer from now on", path)
                 plan.keeps_source.add(path)
@@ -297,9 +300,12 @@ def direct_load(model, plan: DirectPlan, weights: Iterable[tuple[str, torch.Tens
             if src is not None:
                 plan.sources[path] = src
                 parts["layers_from_staging" if src is not buf else "layers_copied"] += 1
+                if src is not buf:
+                    plan.owns_copy.add(path)
             key = f"repack_{path.rpartition('.')[2]}_s"
             parts[key] = parts.get(key, 0.0) + clock() - t0
     parts["total_s"] = clock() - t_start
+    parts["other_s"] = parts["total_s"] - sum(v for k, v in parts.items() if k.endswith("_s") and k != "total_s")
     plan.parts = parts
     return seen
 
