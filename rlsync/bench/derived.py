@@ -1,6 +1,6 @@
 """`python -m rlsync.bench derived`: N engines on one version stream, variants (made once, read from peers) vs today's fp32 path.
 
-    python -m rlsync.bench derived [--engines 3] [--rounds 5] [--vllm-rounds 6] [--json F]
+    python -m rlsync.bench derived [--engines 3] [--rounds 5] [--vllm-rounds 6] [--int8-rounds 6] [--json F]
 
 One embedded hub; a trainer client publishing SmolLM2-135M's live fp32 tensors (538 MB) as each version; N pool
 engines on N hosts, each a hub client holding bf16 parameters as a bf16 engine does (HF-engine stand-ins: three
@@ -13,12 +13,16 @@ Per version, in one run:
   gives one of them the lease, it fetches the fp32 version, derives (rlsync/core/transforms.py) and publishes;
   the others are planned from it. Even versions (`sync.variant_by=trainer`): the trainer derived and published
   it right after v, so every engine reads only the variant. Then a same-dtype copy into the parameters;
-- int8 variant (W8A8, compressed-tensors layout): derived once the same way; `sync_ratio_quantized_vs_bf16` is
-  the fetch time of a non-deriving engine for int8 over bf16, from the same holder;
-- vLLM (after the pool has left; `--vllm-rounds 0`: none): one SmolLM2 vLLM engine with two stages, alternating
-  versions: the fp32 stage
-  (direct apply with the fp32 -> bf16 converting copy) and the bf16-variant stage (the same apply, same-dtype);
-  `apply_ratio_bf16_vs_fp32` = median apply seconds (checksum re-check + copy + repack) bf16 / fp32;
+- int8 variant (W8A8, compressed-tensors layout): derived once the same way; `sync_ratio_quantized_vs_bf16_pool_fetch`
+  is the fetch time of a non-deriving pool engine for int8 over bf16, from the same holder;
+- vLLM (after the pool has left; `--vllm-rounds 0`: none; rlsync/bench/derived_vllm.py): one SmolLM2 vLLM engine
+  with two stages, alternating versions: the fp32 stage (direct apply with the fp32 -> bf16 converting copy) and
+  the bf16-variant stage (the trainer derives each variant; from its second fetch the staging is fused and the
+  linear layers are packed straight from it); `apply_ratio_bf16_vs_fp32` = median apply seconds (checksum
+  re-check + copies + repack) bf16 / fp32, each apply also in parts (`vllm_apply_parts_s`);
+- int8 in place (`--int8-rounds`, after that engine has gone): an engine started from the int8 checkpoint of the
+  model directory, its stage reading `policy@int8` (trainer-derived) and applying it in place;
+  `sync_ratio_quantized_vs_bf16` = median fetch + apply of that engine over the bf16-variant stage's;
 - hashes: every engine's variant digest, and one derived independently by another process from version 1.
 
 The load average is written beside the figures: on 2 shared cores they move with it.
@@ -36,6 +40,7 @@ import threading
 import time
 
 from . import register_scenario
+from .derived_vllm import Int8Engine, VllmPair, fp32_weights, probe_int8, probe_repack
 
 log = logging.getLogger(__name__)
 
@@ -56,16 +61,6 @@ print(weights_digest(out))
 
 def _load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
-
-
-def _fp32(model_dir: str) -> dict:
-    from safetensors.torch import load_file
-
-    out = {}
-    for f in sorted(os.listdir(model_dir)):
-        if f.endswith(".safetensors"):
-            out.update({n: t.float().contiguous() for n, t in load_file(os.path.join(model_dir, f)).items()})
-    return out
 
 
 class _PoolEngine:
@@ -128,7 +123,7 @@ def _parallel(fns) -> list:
     return out
 
 
-def run(engines: int, rounds: int, vllm_rounds: int) -> dict:
+def run(engines: int, rounds: int, vllm_rounds: int, int8_rounds: int = 0) -> dict:
     import torch
 
     from rlsync.core.digest import weights_digest
@@ -142,7 +137,7 @@ def run(engines: int, rounds: int, vllm_rounds: int) -> dict:
     hub = start_embedded_hub()
     trainer = HubClient(hub.address, token=hub.token)
     trainer.join(Location(host="h0"), name="trainer")
-    params = _fp32(model_dir)
+    params = fp32_weights(model_dir)
     state = {"version": 0}
 
     def publish() -> int:  # the trainer's next version: a small in-place step (no second copy of the model)
@@ -182,12 +177,31 @@ def run(engines: int, rounds: int, vllm_rounds: int) -> dict:
             e.client32.leave()
         pool = []
         if vllm_rounds:  # phase 2: one vLLM engine, the two paths on alternate versions
-            vllm = _VllmPair(hub)
+            qbuf, by_trainer8 = None, VariantReader(trainer, "policy", "int8")
+
+            def variant(kind: str) -> int:  # sync.variant_by=trainer: the engines read the variant, never fp32
+                nonlocal tbuf, qbuf
+                v = publish()
+                if kind == "bf16":
+                    tbuf = by_trainer.publish_from(v, params, into=tbuf).tensors
+                elif kind == "int8":
+                    qbuf = by_trainer8.publish_from(v, params, into=qbuf).tensors
+                return v
+
+            vllm = VllmPair(hub)
             try:
                 for r in range(2 * vllm_rounds):
-                    vrows.append(vllm.update(publish(), "bf16" if r % 2 else "fp32") | {"load": _load()})
+                    path = "bf16" if r % 2 else "fp32"
+                    vrows.append(vllm.update(variant(path), path) | {"load": _load()})
             finally:
                 vllm.close()
+            if int8_rounds:  # phase 3: an engine started from the int8 checkpoint, fed the int8 variant in place
+                q8 = Int8Engine(hub, model_dir, os.path.join(os.path.dirname(model_dir), "rlsync-bench-int8"))
+                try:
+                    for _ in range(int8_rounds):
+                        vrows.append(q8.update(variant("int8")) | {"load": _load()})
+                finally:
+                    q8.close()
     finally:
         for e in pool:
             e.client.leave()
@@ -231,104 +245,19 @@ def _figures(rows: list, vl: list, n: int, child: str, v1: list, load_before) ->
     out["bytes_ratio_bf16_vs_fp32_engine_derives"] = b["bf16_engine_derives"] / fp32
     if vl:
         out["vllm_rows"] = vl
-        a = {k: [x["apply_s"] for x in vl[2:] if x["path"] == k] for k in ("fp32", "bf16")}  # first of each: warm-up
-        out["vllm_bytes_per_update"] = {k: med(x["bytes"] for x in vl if x["path"] == k) for k in ("fp32", "bf16")}
-        out["vllm_apply_s"] = {k: med(v) if v else None for k, v in a.items()}
-        if a["fp32"] and a["bf16"]:
+        paths = ("fp32", "bf16", "int8")
+        warm = {k: [x for x in vl if x["path"] == k][1:] for k in paths}  # the first of each: warm-up (and unfused)
+        out["vllm_bytes_per_update"] = {k: med(x["bytes"] for x in vl if x["path"] == k) for k in paths if warm[k]}
+        out["vllm_apply_s"] = {k: med(x["apply_s"] for x in w) for k, w in warm.items() if w}
+        out["vllm_sync_s"] = {k: med(x["fetch_s"] + x["apply_s"] for x in w) for k, w in warm.items() if w}
+        out["vllm_apply_parts_s"] = {k: {p: med(x["parts"].get(p, 0.0) for x in w) for p in w[0]["parts"]}
+                                     for k, w in warm.items() if w}
+        if warm["fp32"] and warm["bf16"]:
             out["apply_ratio_bf16_vs_fp32"] = out["vllm_apply_s"]["bf16"] / out["vllm_apply_s"]["fp32"]
+        if warm["bf16"] and warm["int8"]:  # fetch + apply of an engine that reads the variant (the trainer derived it)
+            out["sync_ratio_quantized_vs_bf16_pool_fetch"] = out["sync_ratio_quantized_vs_bf16"]
+            out["sync_ratio_quantized_vs_bf16"] = out["vllm_sync_s"]["int8"] / out["vllm_sync_s"]["bf16"]
     return out
-
-
-class _VllmPair:
-    """One vLLM engine, two stages: today's fp32 reads and the bf16 variant; versions alternate between them."""
-
-    def __init__(self, hub):
-        from rlsync.hub import HubClient, Location
-        from rlsync.rollout.vllm.engine import VllmEngine
-        from rlsync.rollout.vllm.stage import HubWeightStage
-
-        self.engine = VllmEngine(VllmEngine.Config(max_model_len=256, max_new_tokens=8))
-        self.clients, self.stages = [], {}
-        for k, variant in (("fp32", None), ("bf16", "bf16")):
-            c = HubClient(hub.address, token=hub.token)
-            c.join(Location(host="hv"), name=f"vllm-{k}")
-            self.clients.append(c)
-            self.stages[k] = HubWeightStage(c, self.engine, config=HubWeightStage.Config(variant=variant))
-
-    def update(self, version: int, path: str) -> dict:
-        s = self.stages[path].update(version)
-        return {"path": path, "apply_s": s.apply_s, "fetch_s": s.fetch_s, "bytes": s.nbytes}
-
-    def close(self) -> None:
-        self.engine.shutdown()
-        for c in self.clients:
-            c.leave()
-
-
-def probe_int8(model_dir: str, out_dir: str) -> dict:
-    """Can this vLLM serve the `int8` variant? Writes the model directory's int8 variant (the transform's own
-    bytes) as a compressed-tensors W8A8 checkpoint, loads it and generates greedily; the error text if not."""
-    import shutil
-
-    from safetensors.torch import save_file
-
-    from rlsync.core.transforms import get_transform, specs_of
-
-    src = _fp32(model_dir)
-    t = get_transform("int8")
-    q = t.allocate(t.specs(specs_of(src)))
-    t.apply(src, q)
-    shutil.rmtree(out_dir, ignore_errors=True)
-    shutil.copytree(model_dir, out_dir, ignore=shutil.ignore_patterns("*.safetensors", "rlsync-ready"))
-    save_file({n: x.contiguous() for n, x in q.items()}, os.path.join(out_dir, "model.safetensors"))
-    cfg = json.load(open(os.path.join(model_dir, "config.json")))
-    cfg["quantization_config"] = {
-        "quant_method": "compressed-tensors", "format": "int-quantized", "ignore": ["lm_head"],
-        "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
-            "num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel", "dynamic": False},
-            "input_activations": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token",
-                                  "dynamic": True}}}}
-    with open(os.path.join(out_dir, "config.json"), "w") as f:
-        json.dump(cfg, f)
-    t0 = time.monotonic()
-    try:
-        from vllm import LLM, SamplingParams
-
-        from rlsync.rollout.vllm.worker_apply import layerwise_reload
-
-        llm = LLM(model=out_dir, dtype="bfloat16", enforce_eager=True, max_model_len=256)
-        sp = SamplingParams(temperature=0, max_tokens=8, logprobs=0)
-
-        def greedy():
-            o = llm.generate(["What is 3 + 4? Answer:"], sp)[0].outputs[0]
-            return o.text, [next(iter(x.values())).logprob for x in o.logprobs]
-
-        out = {"serves": True, "load_s": time.monotonic() - t0, "greedy": greedy(),
-               "bytes": sum(x.nbytes for x in q.values())}
-        # applying a version in place: vLLM's layerwise reload of the very same bytes must change nothing
-        t1 = time.monotonic()
-        seen = llm.collective_rpc(layerwise_reload, args=(iter(q.items()),))[0]
-        text, lps = greedy()
-        out["reload_same_bytes"] = {"s": time.monotonic() - t1, "consumed": len(seen), "tensors": len(q),
-                                    "greedy": text, "logprobs_finite": all(x == x for x in lps)}
-        return out
-    except Exception as e:  # noqa: BLE001 - the probe's answer is the error text
-        return {"serves": False, "error": f"{type(e).__name__}: {e}"[:2000]}
-
-
-def probe_repack() -> dict:
-    """What a kernel-layout variant would have to carry: the CPU backend's packed GEMM weight for SmolLM2's 120
-    linear layers (oneDNN here without AMX; sgl's packed tensor with AMX), and the seconds one repack takes."""
-    import torch
-    import vllm._custom_ops as ops
-
-    shapes = [(960, 576), (576, 576), (3072, 576), (576, 1536)] * 30  # qkv, o, gate_up, down per layer
-    ws = [torch.randn(s, dtype=torch.bfloat16) for s in shapes]
-    t0 = time.perf_counter()
-    hs = [ops.create_onednn_mm(w.t(), 32) for w in ws]
-    return {"amx_tile": bool(torch.cpu._is_amx_tile_supported()), "layers": len(ws),
-            "repack_s": time.perf_counter() - t0, "threads": torch.get_num_threads(),
-            "onednn_handler_attrs": sorted(a for a in dir(hs[0]) if not a.startswith("__"))}
 
 
 @register_scenario("derived")
@@ -337,6 +266,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--engines", type=int, default=3, help="pool engines (HF-engine stand-ins), >= 3 for the claim")
     p.add_argument("--rounds", type=int, default=5, help="versions published")
     p.add_argument("--vllm-rounds", type=int, default=6, help="vLLM updates per path (0: no vLLM engine)")
+    p.add_argument("--int8-rounds", type=int, default=6, help="updates of the int8 vLLM engine (0: none)")
     p.add_argument("--probe-int8", metavar="DIR", help="only probe whether vLLM serves the int8 variant (written to DIR)")
     p.add_argument("--probe-repack", action="store_true", help="only probe the kernels' packed weights and repack time")
     p.add_argument("--json", help="write every figure here")
@@ -350,7 +280,7 @@ def main(argv: list[str]) -> int:
             with open(a.json, "w") as f:
                 json.dump(res, f, indent=1)
         return 0
-    res = run(a.engines, a.rounds, a.vllm_rounds)
+    res = run(a.engines, a.rounds, a.vllm_rounds, a.int8_rounds)
     keys = ("engines", "bytes_ratio_bf16_vs_fp32", "bytes_ratio_bf16_vs_fp32_engine_derives", "conversions_per_version",
             "apply_ratio_bf16_vs_fp32", "variant_hashes_equal", "sync_ratio_quantized_vs_bf16",
             "conversion_cpu_s_per_version", "load_before", "load_after")

@@ -44,7 +44,7 @@ from rlsync.core.transforms import VariantReader
 from rlsync.hub import ReshardReader, Shard, ShardedLayout, zero_shard
 
 from .engine import VllmEngine, WeightApplyError
-from .staging import Landing, WeightIntegrityError, checked_tensors, fused_staging, specs_of
+from .staging import Landing, WeightIntegrityError, checked_tensors, fused_buffers, fused_staging, specs_of
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,8 @@ class HubWeightStage:
         variant: str | None = None
         """Read this derived variant of each version (`bf16`, `int8`: rlsync/core/transforms.py) instead of the
         version as published: the first engine to need it derives and publishes it, the others read it from
-        peers (docs/derived.md). `bf16` into a bf16 engine applies with no converting copy."""
+        peers (docs/derived.md). From the second fetch the staging is fused (`_fuse_staging`): `bf16` into a bf16
+        engine (`int8` into one started from an int8 checkpoint) is packed straight from it, with no copy."""
 
     def __init__(self, hub, engine: VllmEngine, model: str = "policy", config: "HubWeightStage.Config | None" = None,
                  *, layout: ShardedLayout | None = None):
@@ -104,6 +105,7 @@ class HubWeightStage:
         if self.variant is not None and layout is not None:
             raise ValueError("a variant of a sharded (ZeRO-3) version is not supported: publish gathered")
         self._staging: dict[str, torch.Tensor] | None = None
+        self._fused = False
         self._manifest = None
         self.staged_version: int | None = None
         """Version complete in the staging buffers (None: nothing, or a fetch is overwriting them)."""
@@ -129,11 +131,27 @@ class HubWeightStage:
             self._manifest = res  # its per-shard manifests re-check the staging at apply
             return res
         if self.variant is not None:
+            self._fuse_staging()
             res = self.variant.fetch(version, into=self._staging, on_unit=on_unit)
         else:
             res = self.hub.fetch(self.model, version, into=self._staging, on_unit=on_unit)
         self._staging, self._manifest = res.tensors, res.manifest
         return res
+
+    def _fuse_staging(self) -> None:
+        """Lay the variant's staging out fused (q|k|v, gate|up rows of one buffer), once, from the first fetch's
+        layout: in the engine's dtype the direct apply then packs each linear layer straight from it, no copy."""
+        st = self._staging
+        if st is None or self._fused:
+            return
+        from rlsync.hub import dtype_name
+
+        self._fused = True
+        fused = fused_buffers({n: (tuple(t.shape), dtype_name(t.dtype)) for n, t in st.items()})
+        for rid in self.hub.held_ids():  # the old buffers' replica goes first: nobody reads them afterwards
+            if rid.model == self.variant.variant_model and rid.slot == "live":
+                self.hub.release(rid.model, rid.version)
+        self._staging = fused
 
     def prefetch(self, version: int | str = "latest") -> bool:
         """Start fetching `version` into staging in the background; False if a fetch is running,

@@ -52,9 +52,15 @@ def fused_staging(layout: ShardedLayout, fused: dict[str, tuple[str, ...]] = FUS
     """Whole-tensor staging for `layout`, each fused group's parts (q/k/v, gate/up of one layer: same dtype and
     trailing shape) row blocks of one buffer laid out like vLLM's fused parameter, so a resharding read lands
     them there in place; every other tensor its own buffer. Returns name -> tensor (views for the parts)."""
+    return fused_buffers(layout.specs(), fused)
+
+
+def fused_buffers(specs: dict[str, tuple[tuple[int, ...], str]],
+                  fused: dict[str, tuple[str, ...]] = FUSED) -> dict[str, torch.Tensor]:
+    """`fused_staging` for `specs` (name -> (shape, dtype name)): a variant fetched into these, in the engine's
+    dtype, is each fused layer's whole weight already, so the direct apply packs it from there (direct.py)."""
     from rlsync.hub import dtype_from_name
 
-    specs = layout.specs()
     out: dict[str, torch.Tensor] = {}
     for name, (shape, dt) in specs.items():
         if name in out:

@@ -200,9 +200,9 @@ class TPSliceLoader:
                 "digests": {n: sha256(t) for n, t in got.tensors.items()} if digests else {}}
 
     def rlsync_buffer_digests(self) -> dict[str, str]:
-        """sha256 of each layer buffer the direct apply last wrote (vLLM's fused layout and dtype)."""
-        return {k: sha256(t) for plan in self._rlsync_plans.values() if plan is not None
-                for k, t in plan.buffers.items()}
+        """sha256 of what each repacked layer was last packed from (vLLM's fused layout and dtype; direct.py)."""
+        return {k: sha256(plan.kernel_source(k)) for plan in self._rlsync_plans.values() if plan is not None
+                for k in plan.buffers}
 
     def rlsync_hub_id(self) -> str:
         return self._rlsync_hub.worker_id

@@ -104,19 +104,26 @@ def direct_reload(worker, specs, weights) -> set[str]:
 
 
 def direct_readback(worker, specs) -> dict:
-    """Runs inside the vLLM worker: checkpoint name -> what the direct apply wrote for it (a row slice of a
-    repacked layer's persistent buffer, or the parameter kept in place: embedding, norms), no copy; {} when
-    this layout was applied by the layerwise reload (no plan). The verifier's read-back (docs/verify.md)."""
+    """Runs inside the vLLM worker: checkpoint name -> what the direct apply wrote for it (a row slice of what a
+    repacked layer's kernel was packed from: its persistent buffer, or the fused staging of a variant in the
+    engine's dtype; or the parameter kept in place: embedding, norms), no copy; {} when this layout was applied
+    by the layerwise reload (no plan). The verifier's read-back (docs/verify.md)."""
     plan = worker.__dict__.get("_rlsync_direct_plans", {}).get(specs)
     if plan is None:
         return {}
     modules = dict(worker.model_runner.get_model().named_modules())
     out = {}
     for name, tg in plan.targets.items():
-        buf = plan.buffers.get(tg.module) if tg.param == "weight" else None
-        dst = buf if buf is not None else modules[tg.module]._parameters[tg.param].data
+        repacked = tg.param == "weight" and tg.module in plan.buffers
+        dst = plan.kernel_source(tg.module) if repacked else modules[tg.module]._parameters[tg.param].data
         out[name] = dst if tg.rows is None else dst[tg.rows]
     return out
+
+
+def direct_parts(worker, specs) -> dict:
+    """Runs inside the vLLM worker: the last direct apply of this layout in parts (`DirectPlan.parts`; {}: none)."""
+    plan = worker.__dict__.get("_rlsync_direct_plans", {}).get(specs)
+    return dict(plan.parts) if plan is not None else {}
 
 
 def reset_caches(runner) -> None:
@@ -137,7 +144,8 @@ def _double_buffer(worker, specs):
     if specs not in dbs:
         tp1 = worker.vllm_config.parallel_config.world_size == 1
         plan = plan_direct(model, list(specs)) if tp1 else None
-        dbs[specs] = DoubleBuffer(model, plan) if plan is not None else None
+        # a quantized kernel keeps its packed state on the layer's scheme, which a shadow shares: drained only
+        dbs[specs] = DoubleBuffer(model, plan) if plan is not None and not plan.quantized else None
     return dbs[specs]
 
 

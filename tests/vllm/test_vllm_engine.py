@@ -278,9 +278,13 @@ def test_sharded_zero3_version_lands_fused_in_staging_and_applies_exactly(rig):
 def test_bf16_variant_applies_as_the_fp32_path_with_half_the_bytes(rig):
     """A stage reading the bf16 variant (docs/derived.md) takes half the bytes into bf16 staging and leaves the
     engine exactly as today's fp32 path does (greedy tokens and log-probs equal), for weights that are not
-    bf16-exact: the variant's cast is bit for bit the conversion the engine's apply did itself."""
+    bf16-exact: the variant's cast is bit for bit the conversion the engine's apply did itself. From the
+    second fetch its staging is fused and every linear layer is packed straight from it (no copy), and the
+    kernels keep nothing of it: zeroing the staging afterwards changes no token and no log-prob."""
     from rlsync.hub import HubClient, Location
     from rlsync.rollout.vllm.stage import HubWeightStage
+    from rlsync.rollout.vllm.staging import specs_of
+    from rlsync.rollout.vllm.worker_apply import direct_parts
 
     client = HubClient(rig.hub.address, token=rig.hub.token)
     client.join(Location(host="h0"), name="vllm0-bf16")
@@ -305,6 +309,23 @@ def test_bf16_variant_applies_as_the_fp32_path_with_half_the_bytes(rig):
         assert s2.nbytes * 2 == s1.nbytes and {t.dtype for t in bf16._staging.values()} == {torch.bfloat16}
         assert a.response_ids == b.response_ids and torch.equal(a.logprobs, b.logprobs)
         assert bf16.variant.derivations == 1 and client.derived_from("policy@bf16", rig.version)["transform"] == "bf16"
+        # from its second fetch the variant's staging is fused: every linear layer is packed straight from it
+        rig.trainer.release("policy", rig.version)
+        rig.version += 1
+        rig.trainer.publish("policy", rig.version, rig.params)
+        bf16.update(rig.version)
+        c = rig.engine.generate(rig.prompts)
+        assert a.response_ids == c.response_ids and torch.equal(a.logprobs, c.logprobs)
+        specs = specs_of(bf16._manifest)
+        parts = rig.engine.llm.collective_rpc(direct_parts, args=(specs,))[0]
+        assert parts["layers_from_staging"] == 4 * 30 and parts["layers_copied"] == 0, parts
+        q = "model.layers.2.self_attn.q_proj.weight"
+        assert rig.engine.readback(specs)[q].data_ptr() == bf16._staging[q].data_ptr()  # what its kernel was packed from
+        client.release("policy@bf16", rig.version)  # the buffers are ours again (the mutability contract)
+        for t in bf16._staging.values():  # what the next prefetch does to staging while the engine generates
+            t.zero_()
+        d = rig.engine.generate(rig.prompts)
+        assert a.response_ids == d.response_ids and torch.equal(a.logprobs, d.logprobs)
     finally:
         rig.engine.config.do_sample = True
         bf16.close()
