@@ -71,4 +71,7 @@ class HubDerived(WeightSync):
             return f"sync.variant_by={sync.variant_by!r}: engine or trainer"
         if sync.deltas:
             return "with sync.variant: deltas of a variant are not published by this route (sync.deltas=false)"
+        if sync.variant == "int8":  # a run's engines start from bf16 weights: vLLM's reload would take int8 bytes wrong
+            return ("sync.variant=int8: no engine of a run takes int8 weights yet (a vLLM engine applies int8 in place "
+                    "only when started from an int8 checkpoint: `bench derived`, docs/derived.md); use sync.variant=bf16")
         return None

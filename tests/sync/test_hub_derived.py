@@ -21,6 +21,8 @@ def test_route_from_the_sync_section_and_what_it_does_not_compose():
         choose_route(SyncConfig(variant="fp4"), RunShape())
     with pytest.raises(SyncModeError, match="deltas of a variant are not published"):
         choose_route(SyncConfig(variant="bf16", deltas=True), RunShape())
+    with pytest.raises(SyncModeError, match="sync.variant=int8: no engine of a run takes int8"):
+        choose_route(SyncConfig(variant="int8"), RunShape())  # it applied through vLLM's reload: wrong weights
 
 
 def test_three_engines_one_derivation_same_bytes(tmp_path):
