@@ -189,21 +189,22 @@ class RolloutEngine:
             mask[i, p - len(x):] = 1
         return ids, mask
 
-    def generate(self, prompts: list[list[int]], adapter=None) -> Rollout:
+    def generate(self, prompts: list[list[int]], adapter=None, *, streamer=None) -> Rollout:
         """Sample one response per prompt (repeat a prompt in the list for a GRPO group). In flight, a version
         offered meanwhile is switched in after a sampled token (`token_versions` says which sampled each).
-        With adapters: under `adapter` (default `self.adapter`), pinned until the call returns."""
+        With adapters: under `adapter` (default `self.adapter`), pinned until the call returns. `streamer`: an HF
+        `BaseStreamer`, given the prompt, then each sampled token as it is sampled (time to first token)."""
         if self.adapters is None:
-            return self._generate(prompts)
+            return self._generate(prompts, streamer)
         key = self.adapter if adapter is None else adapter
         with self.adapters.use(key):
-            out = self._generate(prompts)
+            out = self._generate(prompts, streamer)
         if adapter is not None:
             out.version = adapter[1]
         return out
 
     @torch.no_grad()
-    def _generate(self, prompts: list[list[int]]) -> Rollout:
+    def _generate(self, prompts: list[list[int]], streamer=None) -> Rollout:
         ids, pmask = self.left_pad(prompts)
         p = ids.shape[1]
         version = self._switch(in_flight=False) or self.version
@@ -214,7 +215,8 @@ class RolloutEngine:
             hook = _SwitchBetweenSteps(self, p, pmask, DynamicCache(config=self.model.config))
             kw = dict(stopping_criteria=StoppingCriteriaList([hook]), past_key_values=hook.cache,
                       return_dict_in_generate=True, output_logits=True)
-        out = self.model.generate(input_ids=ids, attention_mask=pmask, generation_config=self._generation_config(), **kw)
+        out = self.model.generate(input_ids=ids, attention_mask=pmask, generation_config=self._generation_config(),
+                                  streamer=streamer, **kw)
         seq = out.sequences if kw else out
         resp = seq[:, p:]
         # Response mask: every token up to and including the first end token.

@@ -36,6 +36,19 @@ def test_a_lora_run_takes_the_adapter_route_and_a_route_that_sends_whole_models_
         route_of(lora_cfg(tiny_cfg, **{"trainer.backend": "deepspeed"}))
 
 
+class _Streamed:
+    """An HF streamer (`put`/`end`) that keeps what it was given."""
+
+    def __init__(self):
+        self.puts, self.ended = [], False
+
+    def put(self, value):
+        self.puts.append(value.flatten().tolist())
+
+    def end(self):
+        self.ended = True
+
+
 def _engine(cfg, seed):
     model, task = build_policy(cfg.model, cfg.task, seed)
     eng = RolloutEngine(RolloutEngine.Config(max_new_tokens=4, do_sample=False), model, pad_token_id=0,
@@ -87,6 +100,11 @@ def test_adapters_through_the_hub_reach_the_engine_bit_exact_with_residency_and_
                     got, _ = token_logprobs(engine.model, ids, mask)
                 want, _ = token_logprobs(backend.model, ids, mask)
                 assert torch.equal(got, want)  # same base, same adapter, same numbers
+            # a request streams its tokens as they are sampled (bench tenants' time to first token): the prompt,
+            # then each token, before the call's re-score forward
+            streamed = _Streamed()
+            out = engine.generate([[3, 4, 5]], streamer=streamed)
+            assert streamed.puts[0] == [3, 4, 5] and [t for p in streamed.puts[1:] for t in p] == out.response_ids[0]
             # the base was read once; each adapter version moved about the adapter's size
             base_bytes = sum(x.numel() * x.element_size() for x in backend.base_parameters_for_sync().values())
             assert sizes[0] == sum(x.numel() * x.element_size() for x in adapter.values()) < base_bytes / 5
