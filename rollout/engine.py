@@ -150,15 +150,16 @@ class RolloutEngine:
         self.adapter = None
         """The adapter key (model, version) `generate` uses unless told another."""
 
-    def enable_adapters(self, cfg, max_resident: int, extra: dict | None = None):
+    def enable_adapters(self, cfg, max_resident: int, extra: dict | None = None, merge: bool = False):
         """LoRA adapters over this engine's model from now on (`cfg`: an `rlsync.core.lora.LoraConfig`); at most
-        `max_resident` at once (LRU). Returns the `AdapterSlots` (the receiver fetches into its slots)."""
+        `max_resident` at once (LRU); `merge`: sample with the adapter merged into a copy of the weights.
+        Returns the `AdapterSlots` (the receiver fetches into its slots)."""
         from .adapters import AdapterSlots
 
         if self.kv_policy is not None:
             raise ValueError("adapters and in-flight updates together are not supported (sync.inflight=false)")
         if self.adapters is None:
-            self.adapters = AdapterSlots(self.model, cfg, max_resident, extra=extra)
+            self.adapters = AdapterSlots(self.model, cfg, max_resident, extra=extra, merge=merge)
             self.model = self.adapters.model
         return self.adapters
 

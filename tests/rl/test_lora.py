@@ -149,3 +149,41 @@ def test_a_trainer_step_changes_only_the_adapter_and_the_base_stays_frozen(tiny_
     backend.train_step(batch)
     assert all(torch.equal(base0[n], x) for n, x in backend.base_parameters_for_sync().items())
     assert any(not torch.equal(b_before[n], x) for n, x in backend.named_parameters_for_sync().items() if n in b_before)
+
+
+def test_a_merged_adapter_samples_like_the_unmerged_one_and_never_writes_the_base(tiny_cfg):
+    """sync.merge_adapter: the engine forwards through W + scaling * B @ A (a copy, made once per adapter key), the
+    base tensors (the hub's replica) stay untouched, and a new base drops the merged copy."""
+    cfg = check_config(lora_cfg(tiny_cfg))
+    engines = []
+    for merge in (False, True):
+        eng, _ = _engine(cfg, seed=cfg.seed)
+        slots = eng.enable_adapters(LORA, 4, merge=merge)
+        for v in (0, 1):
+            name, into = slots.reserve(("m", v))
+            g = torch.Generator().manual_seed(v)
+            for t in into.values():
+                t.copy_(torch.randn(t.shape, generator=g) * 0.1)
+            slots.commit(("m", v), name)
+        engines.append((eng, slots))
+    (plain, _), (merged, slots) = engines
+    base0 = {n: t.clone() for n, t in slots.base_tensors().items()}
+    ids = torch.tensor([[3, 4, 5, 6, 7, 8]])
+    for v in (0, 1, 0):
+        key = ("m", v)
+        with plain.adapters.use(key):
+            want, _ = token_logprobs(plain.model, ids, torch.ones_like(ids))
+        with slots.use(key):
+            got, _ = token_logprobs(merged.model, ids, torch.ones_like(ids))
+        assert torch.allclose(got, want, atol=1e-5)
+        live = {n.replace("base_model.model.", "").replace(".base_layer.", "."): p.data_ptr()
+                for n, p in merged.model.named_parameters()}
+        assert all(live[n] == t.data_ptr() for n, t in slots.base_tensors().items())  # after `use`: the base again
+        out = merged.generate([[3, 4, 5]], adapter=key)
+        assert out.response_ids == plain.generate([[3, 4, 5]], adapter=key).response_ids  # greedy: same tokens
+    assert slots.merges == 3  # one per change of key, none for the second call on a key
+    assert all(torch.equal(base0[n], t) for n, t in slots.base_tensors().items())  # the replica never written
+    slots.base_written()  # the receiver fetched a new base version into the base tensors: the merged copy is stale
+    with slots.use(("m", 0)):
+        pass
+    assert slots.merges == 4
