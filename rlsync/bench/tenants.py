@@ -1,7 +1,8 @@
 """`python -m rlsync.bench tenants`: a pool of HF engines serving many tenants' LoRA adapters over one base.
 
     python -m rlsync.bench tenants [--model smollm2|tiny] [--tenants 32] [--revisions 4] [--trials 40]
-                                   [--updates 1000] [--json F]
+                                   [--updates 1000] [--dtype fp32|bf16] [--threads 1]
+                                   [--json F]
 
 One embedded hub; a trainer client publishes the base once (`policy` v0) and, per tenant t, adapter revisions
 as versions of its own model `policy.lora.t` (rlsync/sync/hub_adapter.py: the base version inside each adapter's
@@ -54,18 +55,19 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else float("nan")
 
 
-def _model(kind: str):
-    """(fp32 HF model, prompt token ids) of `kind`."""
+def _model(kind: str, dtype: str = "fp32"):
+    """(HF model in `dtype`, prompt token ids) of `kind`."""
     import torch
 
+    dt = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
     if kind == "tiny":
         from rlsync.rollout import TinyModelConfig, build_tiny_model
 
         torch.manual_seed(0)
-        return build_tiny_model(TinyModelConfig(arch="llama"), vocab_size=64).eval(), [3, 9, 4, 12, 7, 5]
+        return build_tiny_model(TinyModelConfig(arch="llama"), vocab_size=64).to(dt).eval(), [3, 9, 4, 12, 7, 5]
     from rlsync.rollout import load_smollm2
 
-    m, tok = load_smollm2(cache_dir=os.path.expanduser("~/.cache/rlsync/smollm2"))
+    m, tok = load_smollm2(cache_dir=os.path.expanduser("~/.cache/rlsync/smollm2"), dtype=dt)
     text = tok.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True, tokenize=False)
     return m.eval(), list(tok(text)["input_ids"])
 
@@ -73,14 +75,14 @@ def _model(kind: str):
 class _Engine:
     """One engine of the pool: an HF engine with adapter slots, its own hub client and an adapter receiver."""
 
-    def __init__(self, kind: str, hub, name: str, max_resident: int):
+    def __init__(self, kind: str, hub, name: str, max_resident: int, dtype: str = "fp32"):
         from rlsync.core.stall import StallClock
         from rlsync.hub import HubClient, Location
         from rlsync.rollout import RolloutEngine
         from rlsync.sync import RunShape, Side, SyncConfig
         from rlsync.sync.hub_adapter import HubAdapterReceiver
 
-        model, self.prompt = _model(kind)
+        model, self.prompt = _model(kind, dtype)
         self.engine = RolloutEngine(RolloutEngine.Config(max_new_tokens=1, do_sample=False), model,
                                     pad_token_id=0, eos_token_id=-1)
         self.client = HubClient(hub.address, token=hub.token)
@@ -128,13 +130,13 @@ class _Tenants:
     """The trainer side: the base published once, then each tenant's adapter revisions (live tensors, released
     before they are rewritten: the mutability contract)."""
 
-    def __init__(self, hub, kind: str, names: dict, n: int):
+    def __init__(self, hub, kind: str, names: dict, n: int, dtype: str = "fp32"):
         import torch
 
         from rlsync.hub import HubClient, Location
         from rlsync.sync.hub_adapter import ADAPTER_BASE
 
-        model, _ = _model(kind)
+        model, _ = _model(kind, dtype)
         self.client = HubClient(hub.address, token=hub.token)
         self.client.join(Location(host="trainer"), name="trainer")
         self.client.publish("policy", 0, {k: p.data for k, p in model.named_parameters()})
@@ -165,7 +167,7 @@ class _Tenants:
 
 
 def run(kind: str, tenants: int, revisions: int, trials: int, updates: int, check_every: int,
-        save=lambda out: None) -> dict:
+        save=lambda out: None, dtype: str = "fp32") -> dict:
     """Every figure; `save(out)` is called after each phase (a run cut short keeps what it measured)."""
     import torch
 
@@ -175,11 +177,12 @@ def run(kind: str, tenants: int, revisions: int, trials: int, updates: int, chec
     # every revision of a tenant stays fetchable by number (an engine may ask for any it evicted)
     hub = start_embedded_hub(config=HubConfig(retention=RetentionConfig(retain_last=revisions + 2)))
     cap = tenants * revisions + 8
-    pool = [_Engine(kind, hub, "e0", cap), _Engine(kind, hub, "e1", cap)]
+    pool = [_Engine(kind, hub, "e0", cap, dtype), _Engine(kind, hub, "e1", cap, dtype)]
     e0, e1 = pool
     names = e0.engine.adapters.shapes()
-    tr = _Tenants(hub, kind, names, tenants)
-    out: dict = {"model": kind, "tenants": tenants, "revisions": revisions, "adapter_bytes": tr.bytes,
+    tr = _Tenants(hub, kind, names, tenants, dtype)
+    out: dict = {"model": kind, "dtype": dtype, "torch_threads": torch.get_num_threads(), "tenants": tenants,
+                 "revisions": revisions, "adapter_bytes": tr.bytes,
                  "lora": {k: list(v) if isinstance(v, tuple) else v for k, v in LORA.items()}}
     try:
         # ---- residency: tenants x revisions on engine 0, each checked against its tenant's bytes
@@ -308,17 +311,24 @@ def main(argv: list[str]) -> int:
     p.add_argument("--trials", type=int, default=40, help="publish -> first token trials")
     p.add_argument("--updates", type=int, default=1000, help="tenant A's updates in the isolation gate")
     p.add_argument("--check-every", type=int, default=10, help="tenant B re-checked every N of A's updates")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch intra-op threads (1: under other load, 2 threads on 2 cores wait on each other)")
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
+                   help="the base's dtype in trainer and engines (adapters stay fp32: peft's default)")
     p.add_argument("--json", help="write every figure here")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    import torch
+
+    torch.set_num_threads(a.threads)
     def save(out: dict) -> None:
         if a.json:
             os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
             with open(a.json, "w") as f:
                 json.dump(out, f, indent=1)
 
-    res = run(a.model, a.tenants, a.revisions, a.trials, a.updates, a.check_every, save)
-    print(f"tenants: {a.model}, {a.tenants} tenants x {a.revisions} revisions, adapter {res['adapter_bytes'] / 1e6:.2f} MB "
+    res = run(a.model, a.tenants, a.revisions, a.trials, a.updates, a.check_every, save, a.dtype)
+    print(f"tenants: {a.model} {a.dtype}, {a.tenants} tenants x {a.revisions} revisions, adapter {res['adapter_bytes'] / 1e6:.2f} MB "
           f"(load {res['load_before']} -> {res['load_after']}, {res['cpus']} cpus)")
     print(f"  resident_adapters {res['resident_adapters']} (target >= 128; verified {res['resident_verified']})")
     print(f"  publish_to_first_token p50 {res['publish_to_first_token_p50_ms']:.1f} ms p95 "
