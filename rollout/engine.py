@@ -13,6 +13,9 @@ Log-probs: after sampling, the sequences are re-scored with the trainer's own
 `rlsync.core.logprobs.token_logprobs` (one extra forward), so an unchanged policy gives an
 importance ratio of 1 (to float rounding) on the trainer, whatever `generate`'s KV-cache numerics.
 
+A GRPO group (runs of g identical prompts) is prefilled once per distinct prompt and its KV cache repeated g times
+(`_shared_prefill`, a serving engine's prefix cache in small): the samples' tokens then come from that cache.
+
 In flight, a call that switched takes each token's log-prob from the step's own logits (the weights that
 sampled it; `output_logits`, B x T x vocab floats: fine for tiny models), not the one-forward re-score.
 
@@ -150,15 +153,16 @@ class RolloutEngine:
         self.adapter = None
         """The adapter key (model, version) `generate` uses unless told another."""
 
-    def enable_adapters(self, cfg, max_resident: int, extra: dict | None = None):
+    def enable_adapters(self, cfg, max_resident: int, extra: dict | None = None, merge: bool = False):
         """LoRA adapters over this engine's model from now on (`cfg`: an `rlsync.core.lora.LoraConfig`); at most
-        `max_resident` at once (LRU). Returns the `AdapterSlots` (the receiver fetches into its slots)."""
+        `max_resident` at once (LRU); `merge`: sample with the adapter merged into a copy of the weights.
+        Returns the `AdapterSlots` (the receiver fetches into its slots)."""
         from .adapters import AdapterSlots
 
         if self.kv_policy is not None:
             raise ValueError("adapters and in-flight updates together are not supported (sync.inflight=false)")
         if self.adapters is None:
-            self.adapters = AdapterSlots(self.model, cfg, max_resident, extra=extra)
+            self.adapters = AdapterSlots(self.model, cfg, max_resident, extra=extra, merge=merge)
             self.model = self.adapters.model
         return self.adapters
 
@@ -189,21 +193,22 @@ class RolloutEngine:
             mask[i, p - len(x):] = 1
         return ids, mask
 
-    def generate(self, prompts: list[list[int]], adapter=None) -> Rollout:
+    def generate(self, prompts: list[list[int]], adapter=None, *, streamer=None) -> Rollout:
         """Sample one response per prompt (repeat a prompt in the list for a GRPO group). In flight, a version
         offered meanwhile is switched in after a sampled token (`token_versions` says which sampled each).
-        With adapters: under `adapter` (default `self.adapter`), pinned until the call returns."""
+        With adapters: under `adapter` (default `self.adapter`), pinned until the call returns. `streamer`: an HF
+        `BaseStreamer`, given the prompt, then each sampled token as it is sampled (time to first token)."""
         if self.adapters is None:
-            return self._generate(prompts)
+            return self._generate(prompts, streamer)
         key = self.adapter if adapter is None else adapter
         with self.adapters.use(key):
-            out = self._generate(prompts)
+            out = self._generate(prompts, streamer)
         if adapter is not None:
             out.version = adapter[1]
         return out
 
     @torch.no_grad()
-    def _generate(self, prompts: list[list[int]]) -> Rollout:
+    def _generate(self, prompts: list[list[int]], streamer=None) -> Rollout:
         ids, pmask = self.left_pad(prompts)
         p = ids.shape[1]
         version = self._switch(in_flight=False) or self.version
@@ -214,7 +219,9 @@ class RolloutEngine:
             hook = _SwitchBetweenSteps(self, p, pmask, DynamicCache(config=self.model.config))
             kw = dict(stopping_criteria=StoppingCriteriaList([hook]), past_key_values=hook.cache,
                       return_dict_in_generate=True, output_logits=True)
-        out = self.model.generate(input_ids=ids, attention_mask=pmask, generation_config=self._generation_config(), **kw)
+        shared = None if kw else self._shared_prefill(prompts, ids, pmask)
+        out = self.model.generate(input_ids=ids, attention_mask=pmask, generation_config=self._generation_config(),
+                                  streamer=streamer, **kw, **({} if shared is None else {"past_key_values": shared}))
         seq = out.sequences if kw else out
         resp = seq[:, p:]
         # Response mask: every token up to and including the first end token.
@@ -239,6 +246,23 @@ class RolloutEngine:
         response_ids = [r[m.bool()].tolist() for r, m in zip(resp, rmask)]
         return Rollout(input_ids=seq, attention_mask=attn, response_mask=response_mask, logprobs=lp,
                        response_ids=response_ids, version=version, token_versions=tv)
+
+    def _shared_prefill(self, prompts: list[list[int]], ids: torch.Tensor, pmask: torch.Tensor):
+        """Prompts in runs of g identical ones (a GRPO group): the KV cache of all but their last token, each
+        distinct prompt computed once and repeated g times (what a serving engine's prefix cache does); `generate`
+        then computes only the last prompt token per sample. None when no prompt repeats."""
+        g = next((i for i, x in enumerate(prompts) if x != prompts[0]), len(prompts))
+        if g < 2 or ids.shape[1] < 2 or len(prompts) % g or any(prompts[i] != prompts[i - i % g]
+                                                                 for i in range(len(prompts))):
+            return None
+        from transformers import DynamicCache
+
+        mask = pmask[::g, :-1]
+        cache = DynamicCache(config=self.model.config)
+        self.model(input_ids=ids[::g, :-1], attention_mask=mask, past_key_values=cache, use_cache=True,
+                   position_ids=(mask.cumsum(-1) - 1).masked_fill(mask == 0, 1))
+        cache.batch_repeat_interleave(g)
+        return cache
 
     # ------------------------------------------------------------------ in-flight (EngineCaps.inflight)
     def start_inflight(self, kv_policy: str = "keep") -> None:

@@ -45,8 +45,12 @@ from . import register_scenario
 
 def run_chaos(kills: int = 30, hub_kills: int = 2, seed: int = 0, readers: int = 4, size_mb: float = 2.0,
               period_s: float = 0.5, interval_s: float = 0.25, max_seconds: float = 600.0,
-              worker_timeout_s: float = 3.0) -> dict:
+              worker_timeout_s: float = 3.0, tenants: int = 0) -> dict:
     """One seeded schedule on a fresh cluster.
+
+    `tenants` > 0: the hub serves that many tenants (`--tenants`, docs/tenants.md), each with its own trainer
+    and `readers` readers on its own credential and model `tI/policy`; the seed worker and the failover probe
+    use the operator's. Every count is also kept per tenant (`per_tenant`).
 
     The next kill comes once the last one has been recovered from (the replacement reader's first
     fetch finished, the restarted hub served the probe and every live worker re-registered), after a
@@ -62,13 +66,23 @@ def run_chaos(kills: int = 30, hub_kills: int = 2, seed: int = 0, readers: int =
     rng = random.Random(seed)
     port = free_port()
     tmp = tempfile.mkdtemp(prefix="rlsync-chaos-")
-    hub, address, token = start_hub_process(tmp, port=port, worker_timeout_s=worker_timeout_s)
+    extra: tuple[str, ...] = ()
+    groups = {"": (None, "policy")}  # tenant -> (its token; None: the operator's), its model
+    if tenants:
+        from .tenants_hub import write_tenants
+
+        spec, toks = write_tenants(tmp, [{"name": f"t{i}", "token": f"chaos-t{i}-{os.urandom(8).hex()}",
+                                          "publish": [f"t{i}/*"]} for i in range(tenants)])
+        extra, groups = ("--tenants", spec), {t: (tok, f"{t}/policy") for t, tok in toks.items()}
+    hub, address, token = start_hub_process(tmp, port=port, worker_timeout_s=worker_timeout_s, extra=extra)
     cfg = ClientConfig(dataplane=DataPlaneConfig(io_timeout_s=3.0, relay_wait_s=10.0), hub_deadline_s=20.0,
                        manifest=ManifestConfig(chunk_bytes=128 << 10), heartbeat_s=0.5, transport="tcp-py")
     expected: dict[int, str] = {}
     counts = {"kills": 0, "hub_kills": 0, "reader_kills": 0, "notice_leaves": 0, "seed_kills": 0,
               "fetches_ok": 0, "fetches_failed_typed": 0, "fetches_failed_untyped": 0, "torn": 0, "lost": 0,
               "publishes": 0, "publish_errors": 0, "stalls": 0}
+    per_tenant = {t: {"fetches_ok": 0, "fetches_failed_typed": 0, "fetches_failed_untyped": 0, "torn": 0, "lost": 0}
+                  for t in groups}
     errors: dict[str, int] = {}
     samples: dict[str, list[str]] = {}  # a few messages per failure kind, to say why
     restarts: list[float] = []       # hub kill -> the restarted hub listens (a new process starting: "down")
@@ -86,23 +100,28 @@ def run_chaos(kills: int = 30, hub_kills: int = 2, seed: int = 0, readers: int =
             samples[key].append(message[:200])
 
     forker = ThreadPoolExecutor(1, thread_name_prefix="chaos-fork")
-    spare = forker.submit(WorkerProcess, address, token, cfg, "spare0")
+    creds = {tok or token for tok, _ in groups.values()} | {token}
+    spare = {c: forker.submit(WorkerProcess, address, c, cfg, "spare0") for c in sorted(creds)}
 
-    def spawn(name: str, **join) -> WorkerProcess:
-        """A new worker joined now: the spare forked in the background since the last spawn (from a
-        fork server that imported torch once), while a new spare is forked for the next one."""
-        nonlocal n, spare
+    def spawn(name: str, cred: str | None = None, **join) -> WorkerProcess:
+        """A new worker joined now (with credential `cred`, default the operator's): the spare forked in the
+        background since the last spawn (from a fork server that imported torch once), while a new spare is
+        forked for the next one."""
+        nonlocal n
         n += 1
-        w = spare.result()
-        spare = forker.submit(WorkerProcess, address, token, cfg, f"spare{n}")
+        cred = cred or token
+        w = spare[cred].result()
+        spare[cred] = forker.submit(WorkerProcess, address, cred, cfg, f"spare{n}")
         w.name = f"{name}{n}"
         workers.append(w)
         w.join(**join)
         return w
 
-    def start_reader() -> WorkerProcess:
-        w = spawn("reader", host=f"node{rng.randrange(4)}")
-        w.call("fetch_loop", model="policy", pause_s=0.05)
+    def start_reader(tenant: str) -> WorkerProcess:
+        cred, model = groups[tenant]
+        w = spawn("reader", cred, host=f"node{rng.randrange(4)}")
+        w.tenant = tenant
+        w.call("fetch_loop", model=model, pause_s=0.05)
         return w
 
     def progressed(ws: list[WorkerProcess]) -> None:
@@ -120,20 +139,21 @@ def run_chaos(kills: int = 30, hub_kills: int = 2, seed: int = 0, readers: int =
             results = w.call("loop_results", timeout=30)
         except Exception:  # noqa: BLE001 - a dying worker's last results are gone with it
             return
+        mine = per_tenant[w.tenant]
         for r in results:
             if r["ok"]:
                 want = expected.get(r["version"])
-                if want is None:
+                if want is None:  # every tenant's trainer publishes the same bytes for a version
                     want = expected[r["version"]] = digest(make_model(size_mb, seed=r["version"]).tensors)
-                if r["digest"] == want:
-                    counts["fetches_ok"] += 1
-                else:
-                    counts["torn"] += 1
+                key = "fetches_ok" if r["digest"] == want else "torn"
             else:
-                counts["fetches_failed_typed" if r["typed"] else "fetches_failed_untyped"] += 1
+                key = "fetches_failed_typed" if r["typed"] else "fetches_failed_untyped"
                 note(r["error"], r.get("message", ""))
                 if r["error"] == "VersionLostError":
                     counts["lost"] += 1
+                    mine["lost"] += 1
+            counts[key] += 1
+            mine[key] += 1
             fetch_seconds.append(r["seconds"])
 
     def restart_hub(live: list[WorkerProcess]) -> None:
@@ -142,16 +162,18 @@ def run_chaos(kills: int = 30, hub_kills: int = 2, seed: int = 0, readers: int =
         t0 = time.monotonic()
         hub.kill()
         hub.wait()
-        hub, _, _ = start_hub_process(tmp, port=port, worker_timeout_s=worker_timeout_s)
+        hub, _, _ = start_hub_process(tmp, port=port, worker_timeout_s=worker_timeout_s, extra=extra)
         t_listen = time.monotonic()  # the new hub process listens (its start-up is the machine's)
         restarts.append(t_listen - t0)
         fetched = None
-        try:  # the hub parks the probe's fetch until a holder of `latest` has re-registered
-            got = probe.fetch("policy", "latest")
+        try:  # the hub parks the probe's fetch until a holder of `latest` has re-registered (each tenant's)
+            for _, model in groups.values():
+                got = probe.fetch(model, "latest")
+                if digest(got.tensors) != expected.setdefault(got.version,
+                                                              digest(make_model(size_mb, got.version).tensors)):
+                    counts["torn"] += 1
+                probe.release(model, got.version)
             fetched = time.monotonic()
-            if digest(got.tensors) != expected.setdefault(got.version, digest(make_model(size_mb, got.version).tensors)):
-                counts["torn"] += 1
-            probe.release("policy", got.version)
         except HubError as e:
             note("probe:" + type(e).__name__, str(e))
         done = []
@@ -174,10 +196,11 @@ def run_chaos(kills: int = 30, hub_kills: int = 2, seed: int = 0, readers: int =
     t_start = time.monotonic()
     probe = None
     try:
-        trainer = spawn("trainer", host="trainer")
-        trainer.call("publish_loop", model="policy", size_mb=size_mb, period_s=period_s)
+        trainers = [spawn("trainer", cred, host="trainer") for cred, _ in groups.values()]
+        for tw, (_, model) in zip(trainers, groups.values()):
+            tw.call("publish_loop", model=model, size_mb=size_mb, period_s=period_s)
         seed_w = spawn("seed", host="seedhost", role="seed", follow=True)
-        pool = [start_reader() for _ in range(readers)]
+        pool = [start_reader(t) for t in groups for _ in range(readers)]
         # The failover probe: a reader that fetches only right after a hub restart (then releases).
         probe = HubClient(address, token, config=cfg)
         probe.join(Location(host="probe"), "probe")
@@ -192,7 +215,7 @@ def run_chaos(kills: int = 30, hub_kills: int = 2, seed: int = 0, readers: int =
             for w in pool:
                 collect(w)
             if victim == "hub":
-                restart_hub([trainer, seed_w] + pool)
+                restart_hub(trainers + [seed_w] + pool)
                 counts["hub_kills"] += 1
             elif victim == "seed":
                 seed_w.kill()
@@ -210,7 +233,7 @@ def run_chaos(kills: int = 30, hub_kills: int = 2, seed: int = 0, readers: int =
                 else:
                     w.kill()  # kill -9, most likely mid-fetch (and mid-serve to other readers)
                     counts["reader_kills"] += 1
-                pool[i] = start_reader()
+                pool[i] = start_reader(w.tenant)
                 progressed([pool[i]])
             counts["kills"] += 1
         for w in pool:
@@ -219,19 +242,22 @@ def run_chaos(kills: int = 30, hub_kills: int = 2, seed: int = 0, readers: int =
         for w in pool:
             w.call("stop_loop")
             collect(w)
-        trainer.call("stop_loop")
-        for r in trainer.call("loop_results"):
-            counts["publishes" if r["ok"] else "publish_errors"] += 1
-            if not r["ok"]:
-                note("publish:" + r["error"], r.get("message", ""))
+        for tw in trainers:
+            tw.call("stop_loop")
+            for r in tw.call("loop_results"):
+                counts["publishes" if r["ok"] else "publish_errors"] += 1
+                if not r["ok"]:
+                    note("publish:" + r["error"], r.get("message", ""))
     finally:
         if probe is not None:
             probe.leave()
         forker.shutdown()
-        close_all(workers + [spare.result()])
+        close_all(workers + [f.result() for f in spare.values()])
         hub.kill()
         hub.wait()
     out = dict(counts)
+    if tenants:
+        out["per_tenant"] = per_tenant
 
     def mx(xs):
         return max(xs) if xs else None
@@ -299,6 +325,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--seeds", default=None, help="N (seeds 1..N) or a comma list: one run per seed, back to back")
     p.add_argument("--readers", type=int, default=4)
     p.add_argument("--size-mb", type=float, default=2.0)
+    p.add_argument("--tenants", type=int, default=0,
+                   help="N > 0: a hub with N tenants, each its own trainer, readers and credential (per-tenant counts)")
     p.add_argument("--interval", type=float, default=0.25,
                    help="mean seconds of the random pause after the cluster recovered from a kill (the schedule)")
     p.add_argument("--json", default=None)
@@ -308,7 +336,8 @@ def main(argv: list[str]) -> int:
     results = []
     for seed in seeds:
         res = run_chaos(a.kills, a.hub_kills if a.hub_kills is not None else max(2, a.kills // 10), seed,
-                        a.readers, a.size_mb, interval_s=a.interval, max_seconds=max(600.0, a.kills * 5.0))
+                        a.readers, a.size_mb, interval_s=a.interval, max_seconds=max(600.0, a.kills * 5.0),
+                        tenants=a.tenants)
         res["load"] = os.getloadavg()[0]
         results.append(res)
         if len(seeds) > 1:
@@ -331,6 +360,8 @@ def main(argv: list[str]) -> int:
             v = res[k]
             print(f"{k:26s} {v:.2f}" if isinstance(v, float) else f"{k:26s} {v}")
         print(f"{'errors':26s} {res['errors']}")
+        for t, c in res.get("per_tenant", {}).items():
+            print(f"tenant {t:19s} {c}")
     tot = total(results)
     if len(seeds) > 1:
         _print_table(results + [tot])

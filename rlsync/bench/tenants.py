@@ -1,7 +1,8 @@
 """`python -m rlsync.bench tenants`: a pool of HF engines serving many tenants' LoRA adapters over one base.
 
     python -m rlsync.bench tenants [--model smollm2|tiny] [--tenants 32] [--revisions 4] [--trials 40]
-                                   [--updates 1000] [--json F]
+                                   [--updates 1000] [--dtype fp32|bf16] [--threads 1]
+                                   [--json F]
 
 One embedded hub; a trainer client publishes the base once (`policy` v0) and, per tenant t, adapter revisions
 as versions of its own model `policy.lora.t` (rlsync/sync/hub_adapter.py: the base version inside each adapter's
@@ -11,9 +12,11 @@ takes adapters straight from the hub into slots. Figures (engine side of issue 3
 - `resident_adapters`: tenants x revisions resident on the pool at once (engine 0's LRU bound is set above
   it), each slot checked bit for bit against what its tenant published (`resident_verified`);
 - `publish_to_first_token_{p50,p95}_ms`: a tenant publishes a new revision; the engine fetches it into a slot
-  and samples the first token with it (one prompt, greedy). Baseline in the same run: the first token on an
-  adapter already resident (`first_token_resident_p95_ms`), and the ratio; `publish_to_resident_p95_ms` is
-  the publish, fetch and slot alone (what the weights' path adds);
+  and a request (one prompt, greedy) samples its first token with it: time to first token, streamed out of
+  `generate`, not the whole call (`publish_to_response_p95_ms`: + the re-score forward). Baseline in the same
+  run: the first token on an adapter already resident (`first_token_resident_p95_ms`), and the ratio;
+  `publish_to_resident_p95_ms` is the publish, fetch and slot alone (what the weights' path adds), and
+  `publish_to_first_token_parts_p95_ms` splits the figure into publish, fetch and prefill;
 - `evicted_restore_s`: engine 0 evicts an adapter (LRU pressure from other tenants) that engine 1 and the
   trainer still hold; the next request for it fetches it again (`evicted_restore_sources`: who served it);
   beside it the first fetch of the same adapter (`first_fetch_s`);
@@ -52,18 +55,19 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else float("nan")
 
 
-def _model(kind: str):
-    """(fp32 HF model, prompt token ids) of `kind`."""
+def _model(kind: str, dtype: str = "fp32"):
+    """(HF model in `dtype`, prompt token ids) of `kind`."""
     import torch
 
+    dt = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
     if kind == "tiny":
         from rlsync.rollout import TinyModelConfig, build_tiny_model
 
         torch.manual_seed(0)
-        return build_tiny_model(TinyModelConfig(arch="llama"), vocab_size=64).eval(), [3, 9, 4, 12, 7, 5]
+        return build_tiny_model(TinyModelConfig(arch="llama"), vocab_size=64).to(dt).eval(), [3, 9, 4, 12, 7, 5]
     from rlsync.rollout import load_smollm2
 
-    m, tok = load_smollm2(cache_dir=os.path.expanduser("~/.cache/rlsync/smollm2"))
+    m, tok = load_smollm2(cache_dir=os.path.expanduser("~/.cache/rlsync/smollm2"), dtype=dt)
     text = tok.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True, tokenize=False)
     return m.eval(), list(tok(text)["input_ids"])
 
@@ -71,14 +75,14 @@ def _model(kind: str):
 class _Engine:
     """One engine of the pool: an HF engine with adapter slots, its own hub client and an adapter receiver."""
 
-    def __init__(self, kind: str, hub, name: str, max_resident: int):
+    def __init__(self, kind: str, hub, name: str, max_resident: int, dtype: str = "fp32"):
         from rlsync.core.stall import StallClock
         from rlsync.hub import HubClient, Location
         from rlsync.rollout import RolloutEngine
         from rlsync.sync import RunShape, Side, SyncConfig
         from rlsync.sync.hub_adapter import HubAdapterReceiver
 
-        model, self.prompt = _model(kind)
+        model, self.prompt = _model(kind, dtype)
         self.engine = RolloutEngine(RolloutEngine.Config(max_new_tokens=1, do_sample=False), model,
                                     pad_token_id=0, eos_token_id=-1)
         self.client = HubClient(hub.address, token=hub.token)
@@ -87,11 +91,26 @@ class _Engine:
                     clock=StallClock(name, "rollout"), hub_address=hub.address, shape=RunShape(**LORA))
         self.rcv = HubAdapterReceiver(side, self.engine)
 
-    def first_token(self, key) -> float:
-        """Sample one token under adapter `key` (resident); seconds."""
-        t = time.perf_counter()
-        self.engine.generate([self.prompt], adapter=key)
-        return time.perf_counter() - t
+    def first_token(self, key) -> tuple[float, float]:
+        """A request under adapter `key` (resident): (when its first token was sampled, when it returned), as
+        `perf_counter` times. The first token is streamed out of `generate` (HF `BaseStreamer`), so its time is
+        the prefill alone, not the call's re-score forward that follows (the behaviour log-probs)."""
+        from transformers.generation.streamers import BaseStreamer
+
+        class FirstToken(BaseStreamer):
+            at = None
+
+            def put(self, value):  # the prompt first, then each sampled token
+                self.puts = getattr(self, "puts", 0) + 1
+                if self.puts == 2:
+                    self.at = time.perf_counter()
+
+            def end(self):
+                pass
+
+        s = FirstToken()
+        self.engine.generate([self.prompt], adapter=key, streamer=s)
+        return s.at, time.perf_counter()
 
     def greedy_logprobs(self, key):
         """Greedy 8 tokens under `key`, then their fp32 log-probs (the isolation gate's numbers)."""
@@ -111,13 +130,13 @@ class _Tenants:
     """The trainer side: the base published once, then each tenant's adapter revisions (live tensors, released
     before they are rewritten: the mutability contract)."""
 
-    def __init__(self, hub, kind: str, names: dict, n: int):
+    def __init__(self, hub, kind: str, names: dict, n: int, dtype: str = "fp32"):
         import torch
 
         from rlsync.hub import HubClient, Location
         from rlsync.sync.hub_adapter import ADAPTER_BASE
 
-        model, _ = _model(kind)
+        model, _ = _model(kind, dtype)
         self.client = HubClient(hub.address, token=hub.token)
         self.client.join(Location(host="trainer"), name="trainer")
         self.client.publish("policy", 0, {k: p.data for k, p in model.named_parameters()})
@@ -148,7 +167,7 @@ class _Tenants:
 
 
 def run(kind: str, tenants: int, revisions: int, trials: int, updates: int, check_every: int,
-        save=lambda out: None) -> dict:
+        save=lambda out: None, dtype: str = "fp32") -> dict:
     """Every figure; `save(out)` is called after each phase (a run cut short keeps what it measured)."""
     import torch
 
@@ -158,11 +177,12 @@ def run(kind: str, tenants: int, revisions: int, trials: int, updates: int, chec
     # every revision of a tenant stays fetchable by number (an engine may ask for any it evicted)
     hub = start_embedded_hub(config=HubConfig(retention=RetentionConfig(retain_last=revisions + 2)))
     cap = tenants * revisions + 8
-    pool = [_Engine(kind, hub, "e0", cap), _Engine(kind, hub, "e1", cap)]
+    pool = [_Engine(kind, hub, "e0", cap, dtype), _Engine(kind, hub, "e1", cap, dtype)]
     e0, e1 = pool
     names = e0.engine.adapters.shapes()
-    tr = _Tenants(hub, kind, names, tenants)
-    out: dict = {"model": kind, "tenants": tenants, "revisions": revisions, "adapter_bytes": tr.bytes,
+    tr = _Tenants(hub, kind, names, tenants, dtype)
+    out: dict = {"model": kind, "dtype": dtype, "torch_threads": torch.get_num_threads(), "tenants": tenants,
+                 "revisions": revisions, "adapter_bytes": tr.bytes,
                  "lora": {k: list(v) if isinstance(v, tuple) else v for k, v in LORA.items()}}
     try:
         # ---- residency: tenants x revisions on engine 0, each checked against its tenant's bytes
@@ -180,21 +200,29 @@ def run(kind: str, tenants: int, revisions: int, trials: int, updates: int, chec
         save(out)
         # ---- publish -> first token on the new revision, vs the first token on a resident adapter
         e0.engine.adapters.max_resident = cap  # the slots exist: new revisions reuse the LRU ones
-        fresh, resident, landed = [], [], []
+        ph = {k: [] for k in ("first_token", "publish", "fetch", "prefill", "response", "resident")}
         for i in range(trials):
             t = i % tenants
             t1 = time.perf_counter()
             v = tr.publish(t)
+            t2 = time.perf_counter()
             e0.rcv.take(tr.model_of(t), v, use=False)
-            landed.append(time.perf_counter() - t1)
-            e0.engine.generate([e0.prompt], adapter=(tr.model_of(t), v))
-            fresh.append(time.perf_counter() - t1)
-            resident.append(e0.first_token((tr.model_of(t), v)))
-        out["publish_to_first_token_p50_ms"] = 1e3 * _pct(fresh, 0.5)
-        out["publish_to_first_token_p95_ms"] = 1e3 * _pct(fresh, 0.95)
-        out["first_token_resident_p95_ms"] = 1e3 * _pct(resident, 0.95)
-        out["publish_to_resident_p95_ms"] = 1e3 * _pct(landed, 0.95)  # the hub's and the slot's part alone
-        out["publish_to_first_token_ratio_vs_resident_p95"] = _pct(fresh, 0.95) / _pct(resident, 0.95)
+            t3 = time.perf_counter()
+            first, done = e0.first_token((tr.model_of(t), v))
+            for k, x in (("first_token", first - t1), ("publish", t2 - t1), ("fetch", t3 - t2),
+                         ("prefill", first - t3), ("response", done - t1)):
+                ph[k].append(x)
+            t4 = time.perf_counter()
+            ph["resident"].append(e0.first_token((tr.model_of(t), v))[0] - t4)
+        out["publish_to_first_token_p50_ms"] = 1e3 * _pct(ph["first_token"], 0.5)
+        out["publish_to_first_token_p95_ms"] = 1e3 * _pct(ph["first_token"], 0.95)
+        out["first_token_resident_p95_ms"] = 1e3 * _pct(ph["resident"], 0.95)
+        out["publish_to_resident_p95_ms"] = 1e3 * _pct([a + b for a, b in zip(ph["publish"], ph["fetch"])], 0.95)
+        out["publish_to_first_token_ratio_vs_resident_p95"] = _pct(ph["first_token"], 0.95) / _pct(ph["resident"], 0.95)
+        # where the time goes: publish (trainer), fetch into a slot (engine), prefill to the first token; and the
+        # whole request (the re-score forward for the behaviour log-probs included), which is not the figure
+        out["publish_to_first_token_parts_p95_ms"] = {k: 1e3 * _pct(ph[k], 0.95) for k in ("publish", "fetch", "prefill")}
+        out["publish_to_response_p95_ms"] = 1e3 * _pct(ph["response"], 0.95)
         out["load_now"] = _load()
         save(out)
         # ---- evicted adapter restored: engine 1 and the trainer hold it, engine 0 evicts it, then asks again
@@ -283,17 +311,24 @@ def main(argv: list[str]) -> int:
     p.add_argument("--trials", type=int, default=40, help="publish -> first token trials")
     p.add_argument("--updates", type=int, default=1000, help="tenant A's updates in the isolation gate")
     p.add_argument("--check-every", type=int, default=10, help="tenant B re-checked every N of A's updates")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch intra-op threads (1: under other load, 2 threads on 2 cores wait on each other)")
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
+                   help="the base's dtype in trainer and engines (adapters stay fp32: peft's default)")
     p.add_argument("--json", help="write every figure here")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    import torch
+
+    torch.set_num_threads(a.threads)
     def save(out: dict) -> None:
         if a.json:
             os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
             with open(a.json, "w") as f:
                 json.dump(out, f, indent=1)
 
-    res = run(a.model, a.tenants, a.revisions, a.trials, a.updates, a.check_every, save)
-    print(f"tenants: {a.model}, {a.tenants} tenants x {a.revisions} revisions, adapter {res['adapter_bytes'] / 1e6:.2f} MB "
+    res = run(a.model, a.tenants, a.revisions, a.trials, a.updates, a.check_every, save, a.dtype)
+    print(f"tenants: {a.model} {a.dtype}, {a.tenants} tenants x {a.revisions} revisions, adapter {res['adapter_bytes'] / 1e6:.2f} MB "
           f"(load {res['load_before']} -> {res['load_after']}, {res['cpus']} cpus)")
     print(f"  resident_adapters {res['resident_adapters']} (target >= 128; verified {res['resident_verified']})")
     print(f"  publish_to_first_token p50 {res['publish_to_first_token_p50_ms']:.1f} ms p95 "

@@ -37,26 +37,33 @@ def _load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
+def write_tenants(tmp: str, tenants: list[dict], models: list[dict] = ()) -> tuple[str, dict[str, str]]:
+    """`tenants` (TenantConfig fields, each with a `token`) as token files beside a tenants file in `tmp`, for
+    `python -m rlsync.hub serve --tenants FILE`; returns (that file, {tenant name: token})."""
+    import yaml
+
+    entries, tokens = [], {}
+    for t in tenants:
+        t = dict(t)
+        tokens[t["name"]] = t.pop("token")
+        path = os.path.join(tmp, f"{t['name']}.token")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(tokens[t["name"]])
+        entries.append({**t, "token_file": os.path.basename(path)})
+    spec = os.path.join(tmp, "tenants.yaml")
+    with open(spec, "w") as f:
+        yaml.safe_dump({"tenants": entries, "models": list(models)}, f)
+    return spec, tokens
+
+
 @contextlib.contextmanager
 def tenant_hub(tenants: list[dict], models: list[dict] = ()):
     """A standalone hub process serving `tenants` (TenantConfig fields, each with a `token`; written to
     token files beside a tenants file); yields (address, operator token, {tenant name: token})."""
-    import yaml
-
     from rlsync.hub.tools.demo import start_hub_process
     with tempfile.TemporaryDirectory(prefix="rlsync-tenants-") as tmp:
-        entries, tokens = [], {}
-        for t in tenants:
-            t = dict(t)
-            tokens[t["name"]] = t.pop("token")
-            path = os.path.join(tmp, f"{t['name']}.token")
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(tokens[t["name"]])
-            entries.append({**t, "token_file": os.path.basename(path)})
-        spec = os.path.join(tmp, "tenants.yaml")
-        with open(spec, "w") as f:
-            yaml.safe_dump({"tenants": entries, "models": list(models)}, f)
+        spec, tokens = write_tenants(tmp, tenants, models)
         proc, address, op_token = start_hub_process(tmp, extra=("--tenants", spec))
         try:
             yield address, op_token, tokens

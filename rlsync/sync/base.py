@@ -63,6 +63,10 @@ class SyncConfig:
     max_adapters: int = 8
     """hub_adapter (trainer.lora): adapters (tenants x revisions) an engine keeps resident over its base; the least
     recently used one beyond this is evicted (its replica released; a later request fetches it again)."""
+    merge_adapter: bool = False
+    """hub_adapter: the engine samples with the adapter merged into a copy of the weights it adapts (made once per
+    adapter revision; the base replica untouched): plain-model forwards for one live adapter (grpo_lora), at the
+    adapted layers' bytes in memory. False: peft's unmerged LoRA branch per layer (many tenants, docs/lora.md)."""
     kv_policy: str = "keep"
     """inflight: what requests in flight do at a switch: `keep` (continue on the KV cache the old weights
     computed, PipelineRL; free) or `recompute` (prefill each in-flight sequence again under the new weights)."""

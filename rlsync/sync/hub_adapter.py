@@ -84,7 +84,7 @@ class HubAdapterReceiver(WeightReceiver):
             raise EngineCapsError("sync route hub_adapter: in-flight updates are not supported (sync.inflight=false)")
         self.base_model, self.adapter_model = side.model, adapter_model(side.model)
         self.slots = engine.enable_adapters(side.shape.lora(), self.sync.max_adapters,
-                                            extra={ADAPTER_BASE: ((1,), torch.int64)})
+                                            extra={ADAPTER_BASE: ((1,), torch.int64)}, merge=self.sync.merge_adapter)
         self.slots.on_evict = self._evicted
         self.base_version: int | None = None
 
@@ -164,6 +164,7 @@ class HubAdapterReceiver(WeightReceiver):
         self.base_version = None
         with self.clock.state("loading_weights"):
             got = self.hub.fetch(self.base_model, version, into=self.slots.base_tensors())
+        self.slots.base_written()
         self.base_version = version
         self._record(got, join)
         return dict(got.bytes_by_source)

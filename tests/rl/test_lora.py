@@ -36,6 +36,19 @@ def test_a_lora_run_takes_the_adapter_route_and_a_route_that_sends_whole_models_
         route_of(lora_cfg(tiny_cfg, **{"trainer.backend": "deepspeed"}))
 
 
+class _Streamed:
+    """An HF streamer (`put`/`end`) that keeps what it was given."""
+
+    def __init__(self):
+        self.puts, self.ended = [], False
+
+    def put(self, value):
+        self.puts.append(value.flatten().tolist())
+
+    def end(self):
+        self.ended = True
+
+
 def _engine(cfg, seed):
     model, task = build_policy(cfg.model, cfg.task, seed)
     eng = RolloutEngine(RolloutEngine.Config(max_new_tokens=4, do_sample=False), model, pad_token_id=0,
@@ -87,6 +100,11 @@ def test_adapters_through_the_hub_reach_the_engine_bit_exact_with_residency_and_
                     got, _ = token_logprobs(engine.model, ids, mask)
                 want, _ = token_logprobs(backend.model, ids, mask)
                 assert torch.equal(got, want)  # same base, same adapter, same numbers
+            # a request streams its tokens as they are sampled (bench tenants' time to first token): the prompt,
+            # then each token, before the call's re-score forward
+            streamed = _Streamed()
+            out = engine.generate([[3, 4, 5]], streamer=streamed)
+            assert streamed.puts[0] == [3, 4, 5] and [t for p in streamed.puts[1:] for t in p] == out.response_ids[0]
             # the base was read once; each adapter version moved about the adapter's size
             base_bytes = sum(x.numel() * x.element_size() for x in backend.base_parameters_for_sync().values())
             assert sizes[0] == sum(x.numel() * x.element_size() for x in adapter.values()) < base_bytes / 5
@@ -131,3 +149,41 @@ def test_a_trainer_step_changes_only_the_adapter_and_the_base_stays_frozen(tiny_
     backend.train_step(batch)
     assert all(torch.equal(base0[n], x) for n, x in backend.base_parameters_for_sync().items())
     assert any(not torch.equal(b_before[n], x) for n, x in backend.named_parameters_for_sync().items() if n in b_before)
+
+
+def test_a_merged_adapter_samples_like_the_unmerged_one_and_never_writes_the_base(tiny_cfg):
+    """sync.merge_adapter: the engine forwards through W + scaling * B @ A (a copy, made once per adapter key), the
+    base tensors (the hub's replica) stay untouched, and a new base drops the merged copy."""
+    cfg = check_config(lora_cfg(tiny_cfg))
+    engines = []
+    for merge in (False, True):
+        eng, _ = _engine(cfg, seed=cfg.seed)
+        slots = eng.enable_adapters(LORA, 4, merge=merge)
+        for v in (0, 1):
+            name, into = slots.reserve(("m", v))
+            g = torch.Generator().manual_seed(v)
+            for t in into.values():
+                t.copy_(torch.randn(t.shape, generator=g) * 0.1)
+            slots.commit(("m", v), name)
+        engines.append((eng, slots))
+    (plain, _), (merged, slots) = engines
+    base0 = {n: t.clone() for n, t in slots.base_tensors().items()}
+    ids = torch.tensor([[3, 4, 5, 6, 7, 8]])
+    for v in (0, 1, 0):
+        key = ("m", v)
+        with plain.adapters.use(key):
+            want, _ = token_logprobs(plain.model, ids, torch.ones_like(ids))
+        with slots.use(key):
+            got, _ = token_logprobs(merged.model, ids, torch.ones_like(ids))
+        assert torch.allclose(got, want, atol=1e-5)
+        live = {n.replace("base_model.model.", "").replace(".base_layer.", "."): p.data_ptr()
+                for n, p in merged.model.named_parameters()}
+        assert all(live[n] == t.data_ptr() for n, t in slots.base_tensors().items())  # after `use`: the base again
+        out = merged.generate([[3, 4, 5]], adapter=key)
+        assert out.response_ids == plain.generate([[3, 4, 5]], adapter=key).response_ids  # greedy: same tokens
+    assert slots.merges == 3  # one per change of key, none for the second call on a key
+    assert all(torch.equal(base0[n], t) for n, t in slots.base_tensors().items())  # the replica never written
+    slots.base_written()  # the receiver fetched a new base version into the base tensors: the merged copy is stale
+    with slots.use(("m", 0)):
+        pass
+    assert slots.merges == 4

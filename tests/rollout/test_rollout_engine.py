@@ -107,3 +107,26 @@ def test_named_parameters_for_sync_are_live_and_load_state_is_all_or_nothing(tin
     assert all(torch.equal(before[n], t) for n, t in live.items()), "a failed load changed no weight"
     engine.load_state(new, version=5)
     assert engine.version == 5 and all((t == 0.25).all() for t in live.values())
+
+
+def test_a_grpo_group_prefills_each_distinct_prompt_once(tiny):
+    """Prompts in runs of g identical ones (a GRPO group): the prompt is computed once per distinct prompt, its KV
+    cache repeated g times; each sample's tokens and log-probs are what the prompt alone gives."""
+    task, model = tiny
+    tok = task.tokenizer
+    engine = make_engine(model, tok, max_new_tokens=5, do_sample=False)
+    ps = [p.prompt_ids for p in task.next_prompts(2)]
+    prompts = [ps[0]] * 4 + [ps[1][:3]] * 4  # two groups of 4, left-padded
+    seen = []
+    hook = engine.model.get_input_embeddings().register_forward_hook(lambda m, i, o: seen.append(tuple(i[0].shape)))
+    try:
+        out = engine.generate(prompts)
+    finally:
+        hook.remove()
+    p = max(len(x) for x in prompts)
+    assert seen[0] == (2, p - 1) and seen[1] == (8, 1)  # the groups' prompts once, then each sample's last token
+    for i, x in enumerate(prompts):
+        alone = engine.generate([x])
+        assert alone.response_ids[0] == out.response_ids[i]
+        assert torch.allclose(alone.logprobs[0][alone.response_mask[0].bool()],
+                              out.logprobs[i][out.response_mask[i].bool()], atol=1e-5)
