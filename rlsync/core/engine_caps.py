@@ -41,7 +41,8 @@ class EngineCaps:
     """The engine can show what it computes with (rlsync/sync/verify.py, docs/verify.md): `weights_readback()`
     (name -> the tensor its forward reads, after any conversion), `probe_logprobs(tokens)` and
     `compute_dtype`; an engine that reads the hub itself adds `verify_source()` (the manifest and staged
-    tensors it applied from) and `reapply(version)` (take it again, not from its own staging)."""
+    tensors it applied from), `reapply(version)` (take it again, not from its own staging) and, staged,
+    `verify_ahead(expect)` (the expected digests made as each version lands: the check then needs no staging)."""
     adapters: bool = False
     """LoRA adapters over a base (`trainer.lora`, docs/lora.md): `enable_adapters(cfg, max_resident, extra)` gives
     the engine's `AdapterSlots` (the base's tensors, a slot per adapter key, LRU-bounded), `use_adapter(key, v)`."""

@@ -71,7 +71,10 @@ class WeightEngine(Protocol):
         """verify: log p(tokens[t] | tokens[:t]), t >= 1, at temperature 1, with the weights held now."""
 
     def verify_source(self) -> tuple[Any, dict]:
-        """verify + reads_hub: (manifest, staged tensors) of the version last applied."""
+        """verify + reads_hub: (manifest, staged tensors, or the digests `verify_ahead` made) of the version last applied."""
+
+    def verify_ahead(self, expect: Any) -> None:
+        """verify + staged: call `expect(manifest, staging, recheck)` as each prefetched version lands; keep it for `verify_source`."""
 
     def reapply(self, version: int) -> None:
         """verify + reads_hub: fetch `version` again from another replica and apply it."""
@@ -95,7 +98,7 @@ METHODS = {"in_place_fetch": ("named_parameters_for_sync",), "load_state": ("loa
 """The methods each capability promises."""
 INFLIGHT_WITH = {"staged": ("stage_version",), "in_place_fetch": ("next_buffers", "offer_next")}
 """What an in-flight engine adds for the way weights reach it."""
-VERIFY_WITH = ("verify_source", "reapply", "staging_held")
+VERIFY_WITH = ("verify_source", "reapply", "staging_held", "verify_ahead")
 """What a verifiable engine that reads the hub itself adds (the receiver has no staging of its own)."""
 
 

@@ -23,7 +23,7 @@ from rlsync.hub import errors as E
 from .base import Side, WeightPublisher, WeightReceiver, WeightSync, register_weight_sync
 from .engine import need
 from .inflight import InflightFollower
-from .verify import EngineVerifier, WeightsVerifyError, publish_probe
+from .verify import ConvertedDigests, EngineVerifier, WeightsVerifyError, expected_digests, publish_probe
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,9 @@ class HubReceiver(WeightReceiver):
             self.follower = InflightFollower(self.hub, self.model, engine, self.caps, self.clock, self.sync.wait_s,
                                              nice=self.sync.stage_nice)
             self.follower.start()
+        elif self.verifier is not None and self.caps.staged and self.sync.verify.overlap and self.sync.verify.weights:
+            dtype = engine.compute_dtype  # each version's expected digests made as it lands, off the pause
+            engine.verify_ahead(lambda m, staged, recheck: expected_digests(m, staged, dtype, recheck))
 
     def _attach(self) -> None:
         self.engine.attach_hub(self.hub, self.model, layout=self.layout)
@@ -75,6 +78,8 @@ class HubReceiver(WeightReceiver):
     def ensure(self, min_version: int, eager: bool = False) -> None:
         if self.follower is not None:
             return self._ensure_inflight(min_version)
+        if self.verifier is not None:  # an overlapped check reads the buffers the apply below overwrites
+            self.verifier.settle()
         if self.caps.staged:
             with self.clock.state("loading_weights"):
                 staged = self.engine.apply_staged()  # a prefetched newer version: the only pause
@@ -228,8 +233,9 @@ class HubReceiver(WeightReceiver):
         """Check what the engine now computes with; on a failure quarantine it and re-apply (verify.py).
         `in_flight`: switched in inside `generate` (its samples exist already). Overlapped (the weights check
         runs while the engine generates; `verify_generated` waits for it) only for an engine the hub fetches
-        into and that does not switch in flight: else buffers the check reads (the engine's spare, a vLLM
-        stage's staging, which its prefetch refills) may change under it."""
+        into and that does not switch in flight, and for a staged engine whose expected digests were made as
+        the version landed (`verify_ahead`): else buffers the check reads (the engine's spare, a vLLM stage's
+        staging, which its prefetch refills) may change under it."""
         if self.verifier is None:
             return
         with self.clock.state("loading_weights"):
@@ -237,12 +243,17 @@ class HubReceiver(WeightReceiver):
                 first = None
                 with self.engine.staging_held():
                     manifest, staged = self.engine.verify_source()
-                    try:
-                        self.verifier.check(version, manifest, staged)
-                        return
-                    except WeightsVerifyError as e:
-                        first = e
-                self.verifier.heal(version, manifest, self._reapply, staged, used=in_flight, first=first)
+                    ahead = isinstance(staged, ConvertedDigests) and self.sync.verify.overlap and not in_flight
+                    if not ahead:
+                        try:
+                            self.verifier.check(version, manifest, staged)
+                            return
+                        except WeightsVerifyError as e:
+                            first = e
+                if ahead:  # digests made as the version landed: no staging to hold, so it runs while generating
+                    self.verifier.start(version, manifest, self._reapply, staged)
+                else:
+                    self.verifier.heal(version, manifest, self._reapply, staged, used=in_flight, first=first)
             elif self.sync.verify.overlap and self.follower is None:
                 self.verifier.start(version, manifest, self._reapply)
             else:

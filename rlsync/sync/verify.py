@@ -96,9 +96,34 @@ def bad_units(manifest: Any, tensors: dict[str, torch.Tensor]) -> list[int]:
     return [u for u, bad in zip(range(len(units)), _POOL.map(check, range(len(units)))) if bad]
 
 
-def check_weights(manifest: Any, readback: dict[str, torch.Tensor], staged: dict[str, torch.Tensor] | None) -> list[str] | None:
+class ConvertedDigests(dict):
+    """name -> xxh3 of a version's tensor as a converting engine must hold it (e.g. fp32 -> bf16), computed
+    once where the version lands (`expected_digests`), so the check after the apply reads the engine's
+    buffers alone and needs no staging kept (docs/verify.md, "Overlap"). Empty: the manifest is already in
+    the engine's dtype (a `bf16` variant), its unit checksums are the expectation."""
+
+
+def expected_digests(manifest: Any, staged: dict[str, torch.Tensor], dtype: Any, recheck: bool = False
+                     ) -> ConvertedDigests:
+    """What each tensor of `manifest` hashes to in a `dtype` engine, from the staged bytes. Sound when every
+    byte the engine then applies is re-checked against the manifest (the vLLM stage's apply does, unit by
+    unit): a byte changed after this pass fails that re-check, so the digests describe the version itself.
+    `recheck`: the apply checks nothing (`verify=False` stage), re-check the staging here first."""
+    dtype = str(dtype).removeprefix("torch.")
+    if all(t.dtype == dtype for t in manifest.tensors):
+        return ConvertedDigests()
+    if recheck and bad_units(manifest, staged):
+        raise WeightsVerifyError("weights", -1, "the staging does not match the manifest it landed with")
+    to = getattr(torch, dtype)
+    names = [t.name for t in manifest.tensors]
+    return ConvertedDigests(zip(names, _POOL.map(lambda n: _digest(staged[n].to(to)), names)))
+
+
+def check_weights(manifest: Any, readback: dict[str, torch.Tensor],
+                  staged: dict[str, torch.Tensor] | ConvertedDigests | None) -> list[str] | None:
     """Names of the tensors whose bytes in the engine differ from what `manifest` implies ([]: all agree;
-    None: `manifest` does not describe the engine's tensors, nothing to compare)."""
+    None: `manifest` does not describe the engine's tensors, nothing to compare). A converting engine is
+    compared with `staged`: the staged tensors (re-checked, then converted here) or their `ConvertedDigests`."""
     want = {t.name: t for t in manifest.tensors}
     if any(n not in readback or tuple(readback[n].shape) != tuple(t.shape) for n, t in want.items()):
         return None  # another layout (a ZeRO-3 shard, a delta object): the route's own checks cover it
@@ -106,8 +131,10 @@ def check_weights(manifest: Any, readback: dict[str, torch.Tensor], staged: dict
     if same:
         bad = bad_units(manifest, {n: readback[n].contiguous() for n in want})
         return sorted({manifest.tensors[ti].name for u in bad for ti, _, _ in manifest.units[u].segments})
-    if staged is None:
-        raise ValueError("a converting engine's read-back needs the staged tensors to compare with")
+    if isinstance(staged, ConvertedDigests) and staged:
+        return [n for n, d in zip(want, _POOL.map(lambda n: _digest(readback[n]), want)) if d != staged.get(n)]
+    if staged is None or isinstance(staged, ConvertedDigests):
+        raise ValueError("a converting engine's read-back needs the staged tensors (or their digests) to compare with")
     bad_staged = bad_units(manifest, staged)  # the source of the expected digests must itself be the version
     if bad_staged:
         return sorted({"staging:" + manifest.tensors[ti].name for u in bad_staged

@@ -48,6 +48,9 @@ class HubFedVllmEngine:
         self._inflight = False
         self._fetched: dict[int, tuple] = {}
         """In-flight: version -> (fetch_s, bytes, bytes by source, transports) of its fetch, until switched in."""
+        self._expect_fn = None
+        self._expected: dict[int, tuple] = {}
+        """verify_ahead: version -> (manifest, what the engine must hold: the verifier's digests), made as it landed."""
 
     @property
     def version(self) -> int:
@@ -211,10 +214,32 @@ class HubFedVllmEngine:
     def probe_logprobs(self, tokens: list[int]) -> list[float]:
         return self.engine.probe_logprobs(tokens)
 
+    def verify_ahead(self, expect) -> None:
+        """From now on each version prefetched into staging gets `expect(manifest, staging, recheck)` (the
+        verifier's digests of what the engine must hold after applying it) in the fetch's thread, while the
+        engine generates; `verify_source` hands them out, so the check after the apply needs no staging and
+        can run while the engine generates its next batch (docs/verify.md, "Overlap")."""
+        if self._inflight or self.stage is None:
+            raise ValueError("verify_ahead needs a staged engine that does not switch in flight")
+        self._expect_fn = expect
+        self.stage.on_landed = self._expect_landed
+
+    def _expect_landed(self, version: int) -> None:
+        m = self.stage._manifest
+        if not isinstance(m, Manifest):  # a sharded read: no one manifest, checked in the pause
+            return
+        expected = self._expect_fn(m, self.stage._staging, not self.stage.config.verify)
+        self._expected = {v: e for v, e in self._expected.items() if v >= self.engine.version}
+        self._expected[version] = (m, expected)
+
     def verify_source(self) -> tuple:
-        """(manifest, staging) of the version last applied; (None, None) when the staging holds something else
+        """(manifest, expected) of the version last applied: with `verify_ahead`, the digests made as it landed
+        (no staging needed); else the staging itself, or (None, None) when the staging holds something else
         (a prefetch of a newer version began: the apply's own unit re-check covered it) or a sharded read
         (no one manifest). Call it inside `staging_held()`."""
+        ahead = self._expected.get(self.engine.version)
+        if ahead is not None:
+            return ahead
         st, m = self.stage, self.stage._manifest
         moved = (st._fetch is not None and st._fetch.is_alive()) or st.staged_version != self.engine.version
         return (m, st._staging) if isinstance(m, Manifest) and not moved else (None, None)
@@ -228,6 +253,7 @@ class HubFedVllmEngine:
     def reapply(self, version: int) -> None:
         """Withdraw this engine's staging replica (it may be the corrupt copy) and fetch + apply `version` again."""
         self.stage._drop_staged(version)
+        self._expected.pop(version, None)  # made from the copy being withdrawn: the re-check uses the new staging
         self.engine.set_version(-1)
         self.stage.update(version)
 

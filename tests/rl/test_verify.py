@@ -162,6 +162,27 @@ def test_a_converting_engine_is_compared_with_its_staging_converted_by_the_recei
     assert "staging:model.layers.0.mlp.up_proj.weight" in bad and all(n.startswith("staging:") for n in bad)
 
 
+def test_digests_made_as_a_version_lands_check_a_converting_engine_without_its_staging():
+    """The overlapped vLLM check (docs/verify.md, "Overlap"): the expected bf16 digests are made once from the
+    staging; afterwards the staging may be refilled and the engine's buffers alone are compared with them."""
+    from rlsync.hub.model.manifest import ManifestConfig, build_manifest
+    from rlsync.sync.verify import ConvertedDigests, expected_digests
+
+    src = {n: p.data.clone() for n, p in tiny(seed=1).named_parameters()}
+    manifest = build_manifest(src, ManifestConfig())
+    digests = expected_digests(manifest, src, torch.bfloat16)
+    engine_bf16 = {n: t.to(torch.bfloat16) for n, t in src.items()}
+    for t in src.values():
+        t.zero_()  # the next prefetch refills the staging: the digests do not need it
+    assert isinstance(digests, ConvertedDigests) and check_weights(manifest, engine_bf16, digests) == []
+    engine_bf16["model.layers.1.self_attn.q_proj.weight"].view(-1).view(torch.uint8)[3] ^= 0x08
+    assert check_weights(manifest, engine_bf16, digests) == ["model.layers.1.self_attn.q_proj.weight"]
+    with pytest.raises(WeightsVerifyError, match="staging does not match"):  # a stage that checks nothing itself
+        expected_digests(manifest, src, torch.bfloat16, recheck=True)
+    same = build_manifest(engine_bf16, ManifestConfig())  # a bf16 variant: its unit checksums are the expectation
+    assert expected_digests(same, engine_bf16, torch.bfloat16) == {} and check_weights(same, engine_bf16, {}) == []
+
+
 def test_the_driver_drops_and_counts_samples_of_a_version_that_failed_verification():
     from rlsync.core.batch import Batch
 

@@ -377,3 +377,57 @@ def test_verify_reads_back_the_engines_bytes_and_the_probe_catches_a_stale_tied_
         for n, t in saved.items():
             rig.params[n].copy_(t)
         rig.engine.apply(iter(rig.params.items()), v, specs=specs)
+
+
+def test_a_prefetched_version_is_checked_while_the_engine_generates_and_a_changed_byte_heals(rig):
+    """docs/verify.md, "Overlap", on the real engine behind the receiver: the expected bf16 digests are made as
+    the version lands in staging, so the check after the apply reads only the engine's buffers and runs while it
+    generates; a byte of the engine's weights changed after the apply (injected at its read-back) fails it, the
+    batch's version is reported (its samples dropped) and the version is taken again, checked in the pause."""
+    from rlsync.core.stall import Event, StallClock
+    from rlsync.hub import HubClient, Location
+    from rlsync.rollout.vllm.rl_engine import HubFedVllmEngine
+    from rlsync.sync import Side, SyncConfig
+    from rlsync.sync.hub_full import HubReceiver
+    from rlsync.sync.verify import VerifyConfig
+    from waiting import wait_for  # tests/waiting.py
+
+    client = HubClient(rig.hub.address, token=rig.hub.token)
+    client.join(Location(host="h0"), name="vllm0-receiver")
+    fed, clock = HubFedVllmEngine(rig.engine), StallClock("r", "rollout")
+    side = Side(sync=SyncConfig(verify=VerifyConfig(probe_every=0)), model="policy", hub=client, clock=clock,
+                hub_address=rig.hub.address)
+    receiver = HubReceiver(side, fed)  # its stage follows the hub; digests made as each version lands
+
+    def events(name):
+        return [r.attrs for r in clock.drain() if isinstance(r, Event) and r.name == name]
+    try:
+        flips = []
+        for seed in (21, 22):
+            v = rig.publish(seed)
+            wait_for(lambda: v in fed._expected, 120, f"v{v} staged and its digests made")
+            receiver.ensure(v)
+            out = fed.generate(rig.prompts[:1])  # while the weights check runs
+            assert out.version == v
+            if flips:
+                assert receiver.verify_generated() == {v}  # the batch generated with it: dropped by the driver
+                assert fed.version == v and receiver.verifier.checks["weights"] >= 2  # re-applied, checked again
+                assert logprob_gap(rig.model, fed.generate(rig.prompts[:1])) < 0.1
+                break
+            assert receiver.verify_generated() == set()
+            ok = events("verify")
+            assert ok and ok[-1]["overlapped"] and ok[-1]["checks"] == "weights" and ok[-1]["version"] == v
+            readback = fed.weights_readback
+
+            def flipped_readback():  # the fault: the engine computes with a byte the version does not have
+                got = readback()
+                if not flips:
+                    got["model.layers.2.mlp.up_proj.weight"].view(-1).view(torch.uint8)[11] ^= 0x04
+                    flips.append(1)
+                return got
+            fed.weights_readback = flipped_readback
+        failed = [e for e in clock.drain() if isinstance(e, Event) and e.name == "verify_failed"]
+        assert flips and [f.attrs["check"] for f in failed] == ["weights"] and "up_proj" in failed[0].attrs["detail"]
+    finally:
+        receiver.close()
+        client.leave()
