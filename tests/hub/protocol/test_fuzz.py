@@ -137,9 +137,20 @@ def frames(draw, wids):
         except E.HubError:
             valid = False
         if valid and (op in ("join", "annotate") or args.get("wid") in wids):  # would really change state: spoil it
-            args[draw(st.sampled_from(sorted(SPECS[op])))] = BAD
+            args[draw(st.sampled_from(_spoilable(op, args)))] = BAD
     return {"id": draw(st.integers(0, 2**32)), "op": op, "args": args}, kind if kind == "tenant" else \
         ("op" if real_token else "token")
+
+
+def _spoilable(op: str, args: dict) -> list[str]:
+    """The arguments of `op` that BAD makes invalid (an annotation's `value` is any plain data: BAD is one)."""
+    out = []
+    for name in sorted(SPECS[op]):
+        try:
+            check_args(op, {**args, name: BAD})
+        except E.HubError:
+            out.append(name)
+    return out
 
 
 class Sender:
