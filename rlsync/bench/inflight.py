@@ -165,11 +165,11 @@ def run(rounds: int, batch: int, tokens: int, kv: str, soak: int, stage_nice: in
 
         def publish_later(delay: float, building: bool) -> threading.Thread:
             def go():
-                lower_thread_priority(stage_nice)  # as the receiver's follower does (sync.stage_nice)
                 time.sleep(delay)  # a point inside the round (the benchmark's schedule, not a synchronisation)
                 rl.stage.on_landed = build if building else None
-                v = trainer.publish()
+                v = trainer.publish()  # the trainer's side, at its own priority (another process in a run)
                 published[0] = time.monotonic()
+                lower_thread_priority(stage_nice)  # the engine's staging, as the receiver's follower (sync.stage_nice)
                 rl.stage_version(v)
             t = threading.Thread(target=go, daemon=True)
             t.start()
@@ -199,10 +199,12 @@ def run(rounds: int, batch: int, tokens: int, kv: str, soak: int, stage_nice: in
                     if not sws:  # published after the last decode step: switched in between calls
                         got = rl.switch_prepared()
                         sws = [got] if got is not None else []
+                        lags["inflight"] += [time.monotonic() - published[0]] * len(sws)
                     else:
                         checks["switches_in_flight"] += 1
+                        at = {w.version: w.at for w in engine.switches}  # the engine's own record of each swap
+                        lags["inflight"] += [at.get(s.version, time.monotonic()) - published[0] for s in sws]
                     pauses["inflight"] += [s.pause_s for s in sws]
-                    lags["inflight"] += [s.at - published[0] for s in sws]
                     checks["spans_ok"] &= _spans_ok(out, old, engine.version)
                     checks["switch_split_one_step"] &= _one_split(out, old, engine.version)
                 checks["sane"] &= _sane(out, vocab)
