@@ -16,6 +16,7 @@ import itertools
 import logging
 import os
 import secrets
+import socket
 import stat
 import threading
 import time
@@ -109,8 +110,6 @@ def wait_port_released(address: str, timeout_s: float = 2.0) -> None:
     """Return once nothing listens on `address`'s port any more (or after `timeout_s`). ZeroMQ closes a
     socket's listener in its I/O thread after `close()` returns: a hub restarted on its port at once
     would otherwise race the old listener (EADDRINUSE)."""
-    import socket
-
     host, _, port = address[len("tcp://"):].rpartition(":")
     end = time.monotonic() + timeout_s
     while True:
