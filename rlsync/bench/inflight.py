@@ -129,12 +129,13 @@ def _sane(out, vocab: int) -> bool:
     return bool(torch.isfinite(lp).all() and (lp <= 1e-3).all() and (ids >= 0).all() and (ids < vocab).all())
 
 
-def run(rounds: int, batch: int, tokens: int, kv: str, soak: int, stage_nice: int = 10) -> dict:
+def run(rounds: int, batch: int, tokens: int, kv: str, soak: int, stage_nice: int = 20,
+        escalate_s: float = 10.0) -> dict:
     from rlsync.hub import HubClient, Location, start_embedded_hub
     from rlsync.rollout.vllm.engine import VllmEngine
     from rlsync.rollout.vllm.model_dir import prepare_smollm2
     from rlsync.rollout.vllm.rl_engine import HubFedVllmEngine
-    from rlsync.sync.inflight import lower_thread_priority
+    from rlsync.sync.stage_priority import StagePriority
 
     model_dir = prepare_smollm2()
     load_before = _load()
@@ -144,6 +145,8 @@ def run(rounds: int, batch: int, tokens: int, kv: str, soak: int, stage_nice: in
     client = HubClient(hub.address, token=hub.token)
     client.join(Location(host="h0"), name="vllm0")
     trainer = _Trainer(model_dir, hub)
+    prio = StagePriority(stage_nice, escalate_s)  # the receiver's follower's (sync.stage_nice, stage_escalate_s)
+    prio.start()
     try:
         rl.attach_hub(client, "policy")
         rl.start_inflight(kv)
@@ -169,8 +172,9 @@ def run(rounds: int, batch: int, tokens: int, kv: str, soak: int, stage_nice: in
                 rl.stage.on_landed = build if building else None
                 v = trainer.publish()  # the trainer's side, at its own priority (another process in a run)
                 published[0] = time.monotonic()
-                lower_thread_priority(stage_nice)  # the engine's staging, as the receiver's follower (sync.stage_nice)
-                rl.stage_version(v)
+                prio.lower()  # the engine's staging, as the receiver's follower
+                with prio.staging():
+                    rl.stage_version(v)
             t = threading.Thread(target=go, daemon=True)
             t.start()
             return t
@@ -239,6 +243,7 @@ def run(rounds: int, batch: int, tokens: int, kv: str, soak: int, stage_nice: in
             rl.take_switches()
         checks["soak_updates"], checks["soak_s"] = soak, time.monotonic() - soak_t0
     finally:
+        prio.close()
         rl.close()
         client.leave()
         trainer.client.leave()
@@ -246,7 +251,8 @@ def run(rounds: int, batch: int, tokens: int, kv: str, soak: int, stage_nice: in
         hub.stop()
     tps = {k: n / s if s else float("nan") for k, (n, s) in res.items()}
     return {"model": "SmolLM2-135M-Instruct (trainer fp32 538 MB, engine bf16)", "rounds": rounds, "batch": batch,
-            "tokens": tokens, "kv_policy": kv, "stage_nice": stage_nice, "tokens_per_s": tps,
+            "tokens": tokens, "kv_policy": kv, "stage_nice": stage_nice,
+            "stage_escalate_s": escalate_s, "stage_escalations": prio.escalations, "stage_escalation_refused": prio.refused, "tokens_per_s": tps,
             "decode_pause_ms": {k: {"p50": 1e3 * _pct(v, 0.5), "p95": 1e3 * _pct(v, 0.95), "n": len(v)}
                                 for k, v in pauses.items()},
             "switch_lag_s": {k: {"p50": _pct(v, 0.5), "p95": _pct(v, 0.95), "n": len(v)} for k, v in lags.items()},
@@ -267,13 +273,15 @@ def main(argv: list[str]) -> int:
     p.add_argument("--kv", choices=("keep", "recompute"), default="keep", help="KV policy at an in-flight switch")
     p.add_argument("--soak", type=int, default=50, help="extra updates swapped in flight, checked for NaN/garbage")
     p.add_argument("--stage-nice", type=int, default=SyncConfig().stage_nice,
-                   help="nice of the thread staging each version (sync.stage_nice; 0: generation's priority)")
+                   help="nice of the thread staging each version (sync.stage_nice; 20: SCHED_IDLE; 0: generation's)")
+    p.add_argument("--stage-escalate-s", type=float, default=SyncConfig().stage_escalate_s,
+                   help="an idle staging raised to nice 10 after this long (sync.stage_escalate_s; 0: never)")
     p.add_argument("--json", help="write every figure here")
     a = p.parse_args(argv)
-    res = run(a.rounds, a.batch, a.tokens, a.kv, a.soak, a.stage_nice)
+    res = run(a.rounds, a.batch, a.tokens, a.kv, a.soak, a.stage_nice, a.stage_escalate_s)
     t, d = res["tokens_per_s"], res["decode_pause_ms"]
     print(f"inflight: SmolLM2-135M vLLM engine, {a.rounds} rounds x {a.batch} prompts x {a.tokens} tokens, "
-          f"kv={a.kv}, stage nice {a.stage_nice} (load {res['load_before']} -> {res['load_after']}, {res['cpus']} cpus)")
+          f"kv={a.kv}, stage nice {a.stage_nice} (escalated {res['stage_escalations']} times) (load {res['load_before']} -> {res['load_after']}, {res['cpus']} cpus)")
     for k in ("none", "inflight", "drain"):
         lag = res["switch_lag_s"].get(k)
         extra = (f"   pause p50 {d[k]['p50']:.1f} ms p95 {d[k]['p95']:.1f} ms (n={d[k]['n']}); publish -> switched in "

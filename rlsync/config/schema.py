@@ -89,7 +89,8 @@ SYNC_BOUNDS: dict[str, dict[str, Any]] = {
     "wait_s": {"ge": 1e-3, "le": 600},  # the hub parks one wait_latest for at most 600 s
     "board_poll_s": {"gt": 0},
     "kv_policy": {"one_of": ("keep", "recompute")},
-    "stage_nice": {"ge": 0, "le": 20}}
+    "stage_nice": {"ge": 0, "le": 20},
+    "stage_escalate_s": {"ge": 0}}
 """Bounds of the `sync` section's fields (declared in rlsync/sync/base.py), as the run checks them."""
 
 

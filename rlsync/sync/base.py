@@ -70,10 +70,13 @@ class SyncConfig:
     kv_policy: str = "keep"
     """inflight: what requests in flight do at a switch: `keep` (continue on the KV cache the old weights
     computed, PipelineRL; free) or `recompute` (prefill each in-flight sequence again under the new weights)."""
-    stage_nice: int = 10
-    """inflight: the nice value (0-19) of the thread that stages each version (its fetch, conversion and
-    kernel build, and the threads it starts): generation keeps the cores and a version arrives a little
-    later. 0 stages at generation's priority. docs/rl.md, "In-flight updates"."""
+    stage_nice: int = 20
+    """inflight: the nice value of the thread that stages each version (its fetch, conversion and kernel build,
+    and the threads it starts): 20 is SCHED_IDLE (it runs only on a core generation leaves idle), 1-19 a nice,
+    0 generation's own priority. docs/rl.md, "sync.stage_nice"."""
+    stage_escalate_s: float = 10.0
+    """inflight, stage_nice 20: an idle staging is raised to nice 10 once it has run this long, or at once when
+    the engine waits for that version (a core that is never idle would starve it); 0 never raises it."""
     verify: VerifyConfig = dataclasses.field(default_factory=VerifyConfig)
     """hub routes: what each engine computes with, checked after every apply (docs/verify.md)."""
 

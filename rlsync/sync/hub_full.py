@@ -66,7 +66,7 @@ class HubReceiver(WeightReceiver):
         if self.sync.inflight:  # stage each version as it commits; the engine switches between decode steps
             engine.start_inflight(self.sync.kv_policy)
             self.follower = InflightFollower(self.hub, self.model, engine, self.caps, self.clock, self.sync.wait_s,
-                                             nice=self.sync.stage_nice)
+                                             nice=self.sync.stage_nice, escalate_s=self.sync.stage_escalate_s)
             self.follower.start()
         elif self.verifier is not None and self.caps.staged and self.sync.verify.overlap and self.sync.verify.weights:
             dtype = engine.compute_dtype  # each version's expected digests made as it lands, off the pause

@@ -16,37 +16,23 @@ over (`offer_next`). Either way the decode pause is the engine's reference swap,
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from typing import Any
 
 from rlsync.core.events import FetchEvent
+from rlsync.sync.stage_priority import StagePriority
 
 log = logging.getLogger(__name__)
 
 
-def lower_thread_priority(nice: int) -> None:
-    """Run the calling thread (and the threads it starts later, which inherit it on Linux) at `nice`: staging
-    a version then yields the cores to generation, whose OpenMP team stalls whole decode steps when one of
-    its threads is preempted. `nice` 20 means SCHED_IDLE: the thread runs only on a core nothing else wants
-    (docs/rl.md, "sync.stage_nice"). Raising priority back needs privileges: never attempted."""
-    if nice <= 0 or not hasattr(os, "setpriority"):
-        return
-    try:
-        if nice >= 20 and hasattr(os, "SCHED_IDLE"):
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # 0: the calling thread (Linux)
-            return
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, max(os.getpriority(os.PRIO_PROCESS, tid), min(19, nice)))
-    except OSError as e:  # a container that forbids it: stage at the normal priority
-        log.info("could not lower the in-flight staging thread's priority: %s", e)
-
-
 class InflightFollower:
-    def __init__(self, hub: Any, model: str, engine: Any, caps: Any, clock: Any, wait_s: float, nice: int = 0):
+    def __init__(self, hub: Any, model: str, engine: Any, caps: Any, clock: Any, wait_s: float, nice: int = 0,
+                 escalate_s: float = 0.0):
         self.hub, self.model, self.engine, self.caps, self.clock = hub, model, engine, caps, clock
-        self.wait_s, self.nice = wait_s, nice
+        self.wait_s = wait_s
+        self.priority = StagePriority(nice, escalate_s)
+        """The staging's priority: lowered in the follower, raised while a caller waits or past escalate_s."""
         self.staged = -1
         """Newest version staged (built beside the live weights, or fetched into the spare buffers)."""
         self.error: BaseException | None = None
@@ -60,20 +46,22 @@ class InflightFollower:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
+        self.priority.start()  # its watchdog starts here, at the caller's priority
         self._thread = threading.Thread(target=self._loop, name="rlsync-inflight-follow", daemon=True)
         self._thread.start()
 
     def _loop(self) -> None:
         from rlsync.hub import errors as E
 
-        lower_thread_priority(self.nice)  # threads started from here (an engine's fetch and build) inherit it
+        self.priority.lower()  # threads started from here (an engine's fetch and build) inherit it
         while not self._stop.is_set():
             want = max(self.staged, self.engine.version) + 1
             try:
                 latest = self.hub.wait_latest(self.model, want, min(self.wait_s, 1.0))  # 1 s: close() stays quick
                 if self._stop.is_set() or latest is None or latest < want:
                     continue
-                got = self._stage(latest)
+                with self.priority.staging():
+                    got = self._stage(latest)
             except E.UnknownModelError:  # nothing published yet
                 self._stop.wait(0.05)
                 continue
@@ -105,6 +93,8 @@ class InflightFollower:
         """Until a version >= `version` is staged (True), or `timeout_s` passes (False). Re-raises a
         staging error that happened meanwhile."""
         deadline = time.monotonic() + timeout_s
+        if self.staged < version:  # the engine needs it now: an idle staging must not wait for a free core
+            self.priority.escalate(f"a caller waits for v{version}")
         with self._cond:
             while self.staged < version:
                 if self.error is not None:
@@ -121,3 +111,4 @@ class InflightFollower:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        self.priority.close()
