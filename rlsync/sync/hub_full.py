@@ -120,9 +120,12 @@ class HubReceiver(WeightReceiver):
     def _record_switch(self, got, used: bool = False) -> None:
         """An in-flight switch (a `SyncStats`): the pause is the swap; never moves the engine's version.
         `used`: made inside a `generate` (its samples exist: a failed check marks them)."""
+        raised = {v for v in self.follower.raised if v <= got.version}
+        self.follower.raised -= raised  # `sync/stage_raised`: versions whose idle staging had to be raised
         self.clock.event("engine_update", version=got.version, fetch_s=got.fetch_s, apply_s=got.apply_s,
                          pause_s=got.pause_s, fetch_wait_s=got.fetch_wait_s, in_flight=got.in_flight,
-                         decode_pause_s=got.pause_s)  # `sync/decode_pause_s`: what generation stopped for
+                         decode_pause_s=got.pause_s,  # `sync/decode_pause_s`: what generation stopped for
+                         stage_raised=float(got.version in raised))
         if got.bytes_by_source:
             self.follower.last_sources = dict(got.bytes_by_source)
             ev = FetchEvent.from_result(got, wid=self.hub.worker_id, dc=self.hub.location.dc)

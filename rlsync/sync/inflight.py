@@ -33,6 +33,8 @@ class InflightFollower:
         self.wait_s = wait_s
         self.priority = StagePriority(nice, escalate_s)
         """The staging's priority: lowered in the follower, raised while a caller waits or past escalate_s."""
+        self.raised: set[int] = set()
+        """Versions whose staging was raised (the receiver reports each with its switch, then forgets it)."""
         self.staged = -1
         """Newest version staged (built beside the live weights, or fetched into the spare buffers)."""
         self.error: BaseException | None = None
@@ -62,6 +64,8 @@ class InflightFollower:
                     continue
                 with self.priority.staging():
                     got = self._stage(latest)
+                if got is not None and self.priority.raised_last:
+                    self.raised.add(got)
             except E.UnknownModelError:  # nothing published yet
                 self._stop.wait(0.05)
                 continue

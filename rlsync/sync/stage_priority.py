@@ -69,6 +69,8 @@ class StagePriority:
         """Stagings escalated (each counted once), for the bench and the log."""
         self.refused: str | None = None
         """Why the kernel refused an escalation (then never tried again)."""
+        self.raised_last = False
+        """Whether the last staging (the last `staging()` block) was raised."""
         self._since: float | None = None  # when the version being staged started, None between versions
         self._raised: list[int] = []
         self._lock = threading.Lock()
@@ -93,6 +95,7 @@ class StagePriority:
             with self._lock:
                 self._since = None
                 raised, self._raised = self._raised, []
+                self.raised_last = bool(raised)
             for tid in raised:  # back to idle for the next version (threads started later inherit it)
                 with contextlib.suppress(OSError):
                     os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))

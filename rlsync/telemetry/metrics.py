@@ -135,7 +135,7 @@ class StepMetrics:
     sync: SyncStats = field(default_factory=SyncStats)
     hub: HubStats | None = None
     engine_updates: dict[str, float] = field(default_factory=dict)
-    """Σ fetch_s / apply_s / pause_s / fetch_wait_s (and decode_pause_s, when the engine reports it) of
+    """Σ fetch_s / apply_s / pause_s / fetch_wait_s (and decode_pause_s, stage_raised when in flight) of
     `engine_update` events in the window (engines that stage and apply, e.g. vLLM); empty when there were none."""
 
     @classmethod
@@ -161,8 +161,9 @@ class StepMetrics:
         updates: dict[str, float] = {}
         for r in records:
             if isinstance(r, Event) and r.name == "engine_update" and window_start_ns <= r.ts_ns < window_end_ns:
-                for k in ("fetch_s", "apply_s", "pause_s", "fetch_wait_s", "decode_pause_s"):
-                    if k in r.attrs or k != "decode_pause_s":  # decode_pause_s: only engines that switch in flight
+                for k in ("fetch_s", "apply_s", "pause_s", "fetch_wait_s", "decode_pause_s", "stage_raised"):
+                    if k in r.attrs or k in ("fetch_s", "apply_s", "pause_s", "fetch_wait_s"):  # the last two:
+                        # only engines that switch in flight report them
                         updates[f"sync/{k}"] = updates.get(f"sync/{k}", 0.0) + float(r.attrs.get(k, 0.0))
                 updates["sync/engine_updates"] = updates.get("sync/engine_updates", 0.0) + 1
         return cls(

@@ -202,6 +202,9 @@ def test_the_follower_raises_its_idle_staging_when_the_engine_waits_for_the_vers
             assert receiver.follower.priority.escalations == before + 1
             wait_for(lambda: os.sched_getscheduler(receiver.follower._thread.native_id) == os.SCHED_IDLE, 10.0,
                      "the follower idle again for the next version")
+            receiver.ensure(2)  # the switch is recorded with its staging raised (`sync/stage_raised`)
+            ups = [e for e in receiver.side.clock.drain() if getattr(e, "name", "") == "engine_update"]
+            assert [(e.attrs["version"], e.attrs["stage_raised"]) for e in ups][-1] == (2, 1.0)
         finally:
             receiver.close()
             reader.leave()

@@ -119,8 +119,11 @@ def test_engine_updates_sum_fetch_apply_pause_in_the_window():
     assert "sync/pause_s" not in StepMetrics.compute([], 0, S).to_dict()  # hf engines: no such keys
     assert "sync/decode_pause_s" not in m  # only engines that switch versions mid-generation report it
     inflight = [Event("r0", "rollout", "main", "engine_update", int(0.5 * S), {"version": 2, "fetch_s": 0.2,
-                      "apply_s": 0.3, "pause_s": 0.0, "fetch_wait_s": 0.0, "decode_pause_s": 0.004})] * 2
-    assert StepMetrics.compute(inflight, 0, S).to_dict()["sync/decode_pause_s"] == pytest.approx(0.008)
+                      "apply_s": 0.3, "pause_s": 0.0, "fetch_wait_s": 0.0, "decode_pause_s": 0.004,
+                                                                                       "stage_raised": 1.0})] * 2
+    m = StepMetrics.compute(inflight, 0, S).to_dict()
+    assert m["sync/decode_pause_s"] == pytest.approx(0.008) and m["sync/stage_raised"] == 2
+    assert "sync/stage_raised" not in StepMetrics.compute(recs, 0, 2 * S).to_dict()  # only in-flight engines
 
 
 def test_explicit_sync_and_hub_stats():
