@@ -241,7 +241,7 @@ class RolloutEngine:
             for v, first in hook.spans:
                 tv[:, p + first:] = v
         else:
-            lp, _ = token_logprobs(self.model, seq, attn, temperature=self.config.temperature)
+            lp, _ = token_logprobs(self.model, seq, attn, temperature=self.config.temperature, start=p)
         lp = lp * response_mask
         response_ids = [r[m.bool()].tolist() for r, m in zip(resp, rmask)]
         return Rollout(input_ids=seq, attention_mask=attn, response_mask=response_mask, logprobs=lp,

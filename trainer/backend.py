@@ -30,7 +30,7 @@ import torch
 from .advantage import AdvantageEstimator, build_adv_est, group_stats, sequence_rewards
 from rlsync.core.batch import Batch, BatchError
 from .critic import ValueModel
-from rlsync.core.logprobs import critic_values, token_logprobs
+from rlsync.core.logprobs import critic_values, response_start, token_logprobs
 from .loss_value import build_value_loss
 from .masked import masked_mean
 from .policy_loss import PolicyLoss, build_policy_loss
@@ -133,8 +133,10 @@ class TrainerBackend:
         log-probs when needed, and the batch's `offpolicy/*` metrics (scalars)."""
         extra: dict[str, torch.Tensor] = {}
         temp = self.config.temperature
+        start = response_start(batch.response_mask)  # the prompt's positions get no logits (every use is masked)
         if self.ref_model is not None and self.policy_loss.needs_ref:
-            extra["ref"], _ = token_logprobs(self.ref_model, batch.input_ids, batch.attention_mask, temperature=temp)
+            extra["ref"], _ = token_logprobs(self.ref_model, batch.input_ids, batch.attention_mask, temperature=temp,
+                                             start=start)
         # Tokens sampled by an older version than ours (of mixed-version samples, by default) are corrected.
         stale = batch.versions_per_token() < self.version
         corrected = self.policy_loss.corrected_tokens(batch.response_mask, stale, batch.span_counts() > 1)
@@ -143,7 +145,8 @@ class TrainerBackend:
         if bool(corrected.any()) or several:
             # Clip against the weights at the start of the step (several optimizer steps, or decoupled PPO).
             self.policy.eval()
-            prox, _ = token_logprobs(self.policy, batch.input_ids, batch.attention_mask, temperature=temp)
+            prox, _ = token_logprobs(self.policy, batch.input_ids, batch.attention_mask, temperature=temp,
+                                     start=start)
             if self.policy_loss.needs_prox:  # uncorrected tokens: prox = their behaviour log-prob (ρ = 1)
                 _, m = self.policy_loss.correction(prox, batch.old_logprobs, corrected)
                 extra.update(m)
@@ -174,8 +177,8 @@ class TrainerBackend:
             for idx in torch.arange(len(batch)).tensor_split(c.num_mini_batches):
                 mb = batch.select(idx)
                 self.policy.train()
-                lp, ent = token_logprobs(self.policy, mb.input_ids, mb.attention_mask,
-                                         temperature=c.temperature, with_entropy=True)
+                lp, ent = token_logprobs(self.policy, mb.input_ids, mb.attention_mask, temperature=c.temperature,
+                                         with_entropy=True, start=response_start(mb.response_mask))
                 if gap is None:  # before this step's first update: the rollout's vs our log-probs
                     gap = _mismatch(lp.detach(), mb, self.version)
                 loss, m = self.policy_loss(
