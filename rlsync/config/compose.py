@@ -165,6 +165,7 @@ def sync_shape(cfg: TrainConfig) -> RunShape:
     return RunShape(backend=t.backend, zero_stage=t.zero_stage, publish=t.publish, trainer_world_size=t.world_size,
                     elastic_trainer=t.elastic.enabled, seed_dcs=bool(cfg.hub.seed_dcs),
                     moving_pools=tuple(n for n, p in cfg.pools.items() if p.policy != "fixed"),
+                    rollout_engine=cfg.rollout.engine,
                     lora_rank=t.lora.rank, lora_alpha=float(t.lora.alpha), lora_targets=tuple(t.lora.target_modules))
 
 

@@ -43,6 +43,10 @@ class EngineCaps:
     `compute_dtype`; an engine that reads the hub itself adds `verify_source()` (the manifest and staged
     tensors it applied from), `reapply(version)` (take it again, not from its own staging) and, staged,
     `verify_ahead(expect)` (the expected digests made as each version lands: the check then needs no staging)."""
+    layout_variant: str | None = None
+    """The derived variant whose tensor layout the engine was started in (`int8`: a vLLM engine loaded from the
+    int8 W8A8 checkpoint); it takes only that variant. None: the model's own layout (the version as published,
+    or a variant of the same layout such as `bf16`)."""
     adapters: bool = False
     """LoRA adapters over a base (`trainer.lora`, docs/lora.md): `enable_adapters(cfg, max_resident, extra)` gives
     the engine's `AdapterSlots` (the base's tensors, a slot per adapter key, LRU-bounded), `use_adapter(key, v)`."""

@@ -38,6 +38,9 @@ class Transform(ABC):
     name: ClassVar[str]
     revision: ClassVar[int] = 1
     """Bumped when the bytes a transform makes change: the hub records it beside the name."""
+    same_layout: ClassVar[bool] = True
+    """The variant has the base's tensor names and shapes (a cast): any engine of the model's own layout takes
+    it. False (`int8` adds `*.weight_scale`): only an engine started in the variant's layout can."""
 
     @abstractmethod
     def specs(self, base: Specs) -> Specs: ...
@@ -93,6 +96,7 @@ class Int8W8A8(Transform):
 
     name = "int8"
     suffix = "proj.weight"
+    same_layout = False
 
     def _quantized(self, n: str, shape) -> bool:
         return n.endswith(self.suffix) and len(shape) == 2

@@ -103,6 +103,9 @@ class RunShape:
     seed_dcs: bool = False
     moving_pools: tuple[str, ...] = ()
     """Pools whose size can change mid-run (policy != fixed)."""
+    rollout_engine: str = "hf"
+    """rollout.engine: the registered engine the rollout workers build (a variant in its own layout needs one
+    that can start in it: `vllm` for `int8`)."""
     lora_rank: int = 0
     """trainer.lora.rank: > 0, each version is a LoRA adapter over a base published once (hub_adapter.py)."""
     lora_alpha: float = 16.0
@@ -321,6 +324,11 @@ class WeightSync:
     @classmethod
     def misfit(cls, sync: SyncConfig, shape: RunShape) -> str | None:
         """Why this route cannot serve the run (None: it can)."""
+        return None
+
+    @classmethod
+    def engine_variant(cls, sync: SyncConfig) -> str | None:
+        """The derived variant whose layout each rollout engine must start in (the worker builds it so), or None."""
         return None
 
 

@@ -9,15 +9,23 @@
                into its host staging, and a bf16 variant applies into bf16 kernels with no converting copy.
 
 Needs an engine whose buffers have the variant's dtypes (`named_parameters_for_sync` in bf16 for `bf16`), or
-one that reads the hub itself. Not composed here: deltas (`sync.deltas`; the hub can carry a variant's delta,
-this route does not publish them) and ZeRO-3 sharded publishing.
+one that reads the hub itself. A variant with its own tensor layout (`int8`: `*.weight_scale` beside int8
+weights) needs an engine started in that layout: the worker builds it so (`engine_variant`: a vLLM engine from
+the int8 W8A8 checkpoint of the model directory) and the receiver refuses any other (`EngineCaps.layout_variant`).
+Not composed here: deltas (`sync.deltas`; the hub can carry a variant's delta, this route does not publish them)
+and ZeRO-3 sharded publishing.
 """
 from __future__ import annotations
 
-from rlsync.core.transforms import VariantReader, transform_names
+from rlsync.core.transforms import VariantReader, get_transform, transform_names
 
-from .base import WeightSync, register_weight_sync
+from .base import SyncModeError, WeightSync, register_weight_sync
+from .engine import caps_of
 from .hub_full import HubFullPublisher, HubReceiver
+
+
+STARTS_IN_VARIANT = ("vllm",)
+"""Rollout engines whose factory takes `variant=` and starts from that variant's checkpoint (rl_engine.py)."""
 
 
 class HubDerivedPublisher(HubFullPublisher):
@@ -36,11 +44,20 @@ class HubDerivedPublisher(HubFullPublisher):
 class HubDerivedReceiver(HubReceiver):
     def __init__(self, side, engine, *, params=None, delay_s: float = 0.0):
         self.variant = side.sync.variant  # read by attach_hub in the base constructor
+        started = caps_of(engine).layout_variant
+        if not get_transform(self.variant).same_layout and started != self.variant:
+            had = f"the {started} variant's" if started else "the model's own"
+            raise SyncModeError(f"sync.variant={self.variant}: this {type(engine).__name__} was started in {had} "
+                                f"layout, not the {self.variant} variant's (rollout.engine=vllm starts from its "
+                                "checkpoint); nothing was read", key="sync.variant")
         super().__init__(side, engine, params=params, delay_s=delay_s)
         self.reader = VariantReader(self.hub, self.model, self.variant)
 
     def _attach(self) -> None:
         self.engine.attach_hub(self.hub, self.model, layout=self.layout, variant=self.variant)
+
+    def _held_dtype(self):
+        return None  # the engine holds the variant's own dtypes (int8 weights, fp32 scales): its checksums apply
 
     def _read(self):
         if self.caps.reads_hub:
@@ -71,7 +88,13 @@ class HubDerived(WeightSync):
             return f"sync.variant_by={sync.variant_by!r}: engine or trainer"
         if sync.deltas:
             return "with sync.variant: deltas of a variant are not published by this route (sync.deltas=false)"
-        if sync.variant == "int8":  # a run's engines start from bf16 weights: vLLM's reload would take int8 bytes wrong
-            return ("sync.variant=int8: no engine of a run takes int8 weights yet (a vLLM engine applies int8 in place "
-                    "only when started from an int8 checkpoint: `bench derived`, docs/derived.md); use sync.variant=bf16")
+        if not get_transform(sync.variant).same_layout and shape.rollout_engine not in STARTS_IN_VARIANT:
+            return (f"sync.variant={sync.variant}: rollout.engine={shape.rollout_engine} cannot start in that variant's "
+                    f"layout (rollout.engine={'|'.join(STARTS_IN_VARIANT)} starts from its checkpoint); use "
+                    "sync.variant=bf16")
         return None
+
+    @classmethod
+    def engine_variant(cls, sync) -> str | None:
+        """A variant with its own layout (`int8`): every engine starts from its checkpoint (then takes it in place)."""
+        return None if get_transform(sync.variant).same_layout else sync.variant

@@ -69,11 +69,15 @@ class HubReceiver(WeightReceiver):
                                              nice=self.sync.stage_nice, escalate_s=self.sync.stage_escalate_s)
             self.follower.start()
         elif self.verifier is not None and self.caps.staged and self.sync.verify.overlap and self.sync.verify.weights:
-            dtype = engine.compute_dtype  # each version's expected digests made as it lands, off the pause
+            dtype = self._held_dtype()  # each version's expected digests made as it lands, off the pause
             engine.verify_ahead(lambda m, staged, recheck: expected_digests(m, staged, dtype, recheck))
 
     def _attach(self) -> None:
         self.engine.attach_hub(self.hub, self.model, layout=self.layout)
+
+    def _held_dtype(self):
+        """The dtype the engine holds each tensor in after the apply (None: the manifest's own)."""
+        return self.engine.compute_dtype
 
     def ensure(self, min_version: int, eager: bool = False) -> None:
         if self.follower is not None:

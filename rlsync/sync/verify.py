@@ -108,7 +108,10 @@ def expected_digests(manifest: Any, staged: dict[str, torch.Tensor], dtype: Any,
     """What each tensor of `manifest` hashes to in a `dtype` engine, from the staged bytes. Sound when every
     byte the engine then applies is re-checked against the manifest (the vLLM stage's apply does, unit by
     unit): a byte changed after this pass fails that re-check, so the digests describe the version itself.
-    `recheck`: the apply checks nothing (`verify=False` stage), re-check the staging here first."""
+    `recheck`: the apply checks nothing (`verify=False` stage), re-check the staging here first. `dtype` None:
+    the engine holds the manifest's own dtypes (a variant such as `int8`)."""
+    if dtype is None:
+        return ConvertedDigests()
     dtype = str(dtype).removeprefix("torch.")
     if all(t.dtype == dtype for t in manifest.tensors):
         return ConvertedDigests()

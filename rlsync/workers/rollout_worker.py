@@ -110,12 +110,13 @@ class RolloutWorker:
         if ecfg.max_new_tokens <= 0:
             ecfg.max_new_tokens = getattr(self.task, "response_len", 16)
         pad, eos = special_ids(self.task)
-        self.engine = build_engine(rollout.engine, ecfg, params, pad_token_id=pad, eos_token_id=eos, model_cfg=model)
+        route = choose_route(sync, shape)
+        self.engine = build_engine(rollout.engine, ecfg, params, pad_token_id=pad, eos_token_id=eos, model_cfg=model,
+                                   variant=route.engine_variant(sync))
         self.engine.version = -1  # nothing fetched yet: the random init is not a version
         self.hub = _hub_client(hub, location, self.worker_id)
         side = Side(sync=sync, model=hub.model, hub=self.hub, clock=self.clock, hub_address=hub.address, shape=shape)
-        self.receiver = choose_route(sync, shape).receiver(side, self.engine, params=params,
-                                                           delay_s=inject.weights_delay_s)
+        self.receiver = route.receiver(side, self.engine, params=params, delay_s=inject.weights_delay_s)
         log.info("%s ready: engine %s, model %s, task %s, route %s, hub worker %s at %s", self.worker_id,
                  rollout.engine, model.kind, task.name, sync.mode, self.hub.worker_id, hub.address)
 

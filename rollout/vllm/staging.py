@@ -21,6 +21,26 @@ class WeightIntegrityError(RuntimeError):
     """Bytes about to be applied do not match the version's manifest checksums."""
 
 
+class VariantLayoutError(ValueError):
+    """A stage asked for a variant whose tensor layout is not the one the engine was started in."""
+
+
+def check_variant_layout(variant: str | None, started: str | None) -> None:
+    """Refuse reading `variant` (None: the version as published) into an engine started in variant `started`'s
+    layout (None: the model's own): an engine started from an int8 checkpoint takes only `int8`, and `int8`
+    (its own tensor names, `*.weight_scale`) goes only into such an engine; vLLM's reload would take the bytes
+    under the other layout's names without an error (wrong weights, docs/derived.md)."""
+    from rlsync.core.transforms import get_transform
+
+    same = variant is None or get_transform(variant).same_layout
+    if started is not None and variant != started:
+        raise VariantLayoutError(f"this vLLM engine was started from the {started} checkpoint: it takes only the "
+                                 f"{started!r} variant (asked for {variant or 'the version as published'})")
+    if not same and started != variant:
+        raise VariantLayoutError(f"the {variant!r} variant needs an engine started from its checkpoint "
+                                 f"(rollout.vllm.model_dir.prepare_variant); this one loaded the model's own layout")
+
+
 def checked_tensors(tensors: dict[str, torch.Tensor], manifest, order: Iterable[int] | None = None, *,
                     verify: bool = True, what: str = "weights") -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (name, tensor) of `tensors` in `order` (manifest tensor indices; all by default), checking

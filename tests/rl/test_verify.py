@@ -181,6 +181,18 @@ def test_digests_made_as_a_version_lands_check_a_converting_engine_without_its_s
         expected_digests(manifest, src, torch.bfloat16, recheck=True)
     same = build_manifest(engine_bf16, ManifestConfig())  # a bf16 variant: its unit checksums are the expectation
     assert expected_digests(same, engine_bf16, torch.bfloat16) == {} and check_weights(same, engine_bf16, {}) == []
+    # an int8 variant (int8 weights, fp32 scales) in an engine started from its checkpoint holds the manifest's own
+    # dtypes: no converted digests are made (dtype None), its unit checksums are the expectation
+    from rlsync.core.transforms import get_transform, specs_of
+
+    t8 = get_transform("int8")
+    q = t8.allocate(t8.specs(specs_of(engine_bf16)))
+    t8.apply({n: x.float() for n, x in engine_bf16.items()}, q)
+    m8 = build_manifest(q, ManifestConfig())
+    held = {n: x.clone() for n, x in q.items()}
+    assert expected_digests(m8, q, None) == {} and check_weights(m8, held, ConvertedDigests()) == []
+    held["model.layers.0.mlp.up_proj.weight"].view(-1).view(torch.uint8)[7] ^= 1
+    assert "model.layers.0.mlp.up_proj.weight" in check_weights(m8, held, ConvertedDigests())
 
 
 def test_the_driver_drops_and_counts_samples_of_a_version_that_failed_verification():

@@ -21,8 +21,41 @@ def test_route_from_the_sync_section_and_what_it_does_not_compose():
         choose_route(SyncConfig(variant="fp4"), RunShape())
     with pytest.raises(SyncModeError, match="deltas of a variant are not published"):
         choose_route(SyncConfig(variant="bf16", deltas=True), RunShape())
-    with pytest.raises(SyncModeError, match="sync.variant=int8: no engine of a run takes int8"):
-        choose_route(SyncConfig(variant="int8"), RunShape())  # it applied through vLLM's reload: wrong weights
+    # int8 has its own layout (weight_scale tensors): only an engine that starts from its checkpoint takes it
+    with pytest.raises(SyncModeError, match="rollout.engine=hf cannot start in that variant's layout"):
+        choose_route(SyncConfig(variant="int8"), RunShape())
+    route = choose_route(SyncConfig(variant="int8"), RunShape(rollout_engine="vllm"))
+    assert route.name == "hub_derived" and route.engine_variant(SyncConfig(variant="int8")) == "int8"
+    assert route.engine_variant(SyncConfig(variant="bf16")) is None  # a cast: engines start from the model's layout
+    assert choose_route(SyncConfig(), RunShape()).engine_variant(SyncConfig()) is None
+
+
+def test_int8_into_an_engine_not_started_from_its_checkpoint_is_refused_before_any_read(tmp_path):
+    cfg = TrainConfig()
+    sync = SyncConfig(variant="int8", wait_s=30.0)
+    with start_embedded_hub(journal=str(tmp_path / "journal.db")) as hub:
+        trainer, reader = (HubClient(hub.address, hub.token, config=ClientConfig(transport="tcp-py")) for _ in range(2))
+        trainer.join(Location(host="t"), "trainer")
+        reader.join(Location(host="r"), "engine")
+        try:
+            src, _ = build_policy(cfg.model, cfg.task, cfg.seed)
+            trainer.publish("policy", 1, {n: p.data for n, p in src.named_parameters()})
+            model, _ = build_policy(cfg.model, cfg.task, cfg.seed)
+            engine = RolloutEngine(RolloutEngine.Config(), model, pad_token_id=0, eos_token_id=1)
+            engine.version = -1
+            before = {n: p.detach().clone() for n, p in model.named_parameters()}
+            route = choose_route(sync, RunShape(rollout_engine="vllm"))
+            side = Side(sync=sync, model="policy", hub=reader, clock=StallClock("r", "rollout"), hub_address=hub.address)
+            with pytest.raises(SyncModeError, match="started in the model's own layout, not the int8 variant's") as e:
+                route.receiver(side, engine, params=model)
+            assert e.value.key == "sync.variant"
+            assert engine.version == -1 and all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+            assert trainer.versions("policy")["held"] == [1]
+            with pytest.raises(Exception, match="policy@int8"):  # nothing derived, no lease taken
+                trainer.versions("policy@int8")
+        finally:
+            reader.leave()
+            trainer.leave()
 
 
 def test_three_engines_one_derivation_same_bytes(tmp_path):
