@@ -24,8 +24,13 @@ import time
 
 PROMPT = [1, 504, 3458, 314, 253, 1234]
 _TIMED = {"inspect_s": re.compile(r"Registry inspect model class: Elapsed time ([\d.]+)"),
+          "weights_read_s": re.compile(r"Loading weights took ([\d.]+) seconds"),
           "model_load_s": re.compile(r"Model loading took \S+ GiB memory and ([\d.]+) seconds"),
           "init_engine_s": re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+)")}
+
+_LOGGERS = ("vllm.model_executor.models.registry", "vllm.model_executor.model_loader.default_loader",
+            "vllm.config.model", "vllm.v1.worker.cpu_model_runner", "vllm.v1.worker.cpu_worker",
+            "vllm.v1.worker.gpu_model_runner", "vllm.v1.engine.core", "vllm.entrypoints.llm")
 
 
 class _VllmTimings(logging.Handler):
@@ -34,9 +39,14 @@ class _VllmTimings(logging.Handler):
     def __init__(self):
         super().__init__(logging.DEBUG)
         self.parts: dict = {}
+        self.timeline: list = []
+        """(seconds since the engine start began, message) of vLLM's records, to read its start-up's steps."""
+        self.t0 = time.monotonic()
 
     def emit(self, record: logging.LogRecord) -> None:
         msg = record.getMessage()
+        if len(self.timeline) < 60:
+            self.timeline.append((round(time.monotonic() - self.t0, 2), msg[:100]))
         for key, pat in _TIMED.items():
             m = pat.search(msg)
             if m:
@@ -65,9 +75,10 @@ def main(mode: str, address: str, model_dir: str) -> None:
     from rlsync.rollout.vllm.engine import VllmEngine
     from rlsync.rollout.vllm.stage import HubWeightStage
     lap("import_s")
-    timings = _VllmTimings()  # its DEBUG records reach this handler only (vLLM's own prints INFO and up)
-    logging.getLogger("vllm.model_executor.models.registry").setLevel(logging.DEBUG)
-    logging.getLogger("vllm").addHandler(timings)
+    timings = _VllmTimings()  # on the loggers that emit them: vLLM's dictConfig re-sets its "vllm" logger's handlers
+    logging.getLogger(_LOGGERS[0]).setLevel(logging.DEBUG)  # DEBUG reaches this handler only (vLLM prints INFO+)
+    for name in _LOGGERS:
+        logging.getLogger(name).addHandler(timings)
     hub = HubClient(address, token=os.environ["RLSYNC_HUB_TOKEN"])
     hub.join(Location(host=f"spot-{mode}"), name=f"spot-{mode}")
     cfg = VllmEngine.Config(model_dir=model_dir, max_new_tokens=8, do_sample=False,
@@ -77,6 +88,7 @@ def main(mode: str, address: str, model_dir: str) -> None:
     files = engine_cache.fetch_cache(hub, key, root) if mode == "warm" else []
     cache_before = sorted(_files(root))
     lap("cache_fetch_s")
+    timings.t0 = time.monotonic()
     engine = VllmEngine(cfg)
     lap("engine_start_s")
     stats = HubWeightStage(hub, engine, "policy").update("latest")
@@ -86,6 +98,7 @@ def main(mode: str, address: str, model_dir: str) -> None:
     print(json.dumps({"event": "first_rollout", "mode": mode, "phases": phases, "version": out.version,
                       "tokens": out.response_ids[0], "cache_files": files, "fetch_s": round(stats.fetch_s, 3),
                       "apply_s": round(stats.apply_s, 3), "engine_parts": timings.parts, "cache_root": root,
+                      "engine_timeline": timings.timeline,
                       "home_before": home_before, "cache_root_before": cache_before,
                       "cache_root_files": sorted(_files(root)),
                       "home_after": sorted(_files(os.path.expanduser("~")))}), flush=True)
