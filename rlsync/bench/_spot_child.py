@@ -2,21 +2,59 @@
 
     python -m rlsync.bench._spot_child cold|warm HUB_ADDRESS MODEL_DIR    (token in $RLSYNC_HUB_TOKEN)
 
-cold: vLLM reads the checkpoint from MODEL_DIR and makes its own start-up cache (VLLM_CACHE_ROOT is empty, as
-on a fresh machine), then the engine joins the hub and takes `latest` of `policy` from peers, generates, and
-publishes its start-up cache as a hub artifact (rollout/vllm/engine_cache.py); it serves it until stdin closes.
+The parent gives each joiner a fresh, empty $HOME (and no cache-dir overrides), as on a fresh spot machine:
+every per-user cache (vLLM's ~/.cache/vllm, which holds its model-inspection cache `modelinfos/`, and any
+other) starts empty. cold: vLLM reads the checkpoint from MODEL_DIR and makes its own start-up cache, then
+the engine joins the hub and takes `latest` of `policy` from peers, generates, and publishes its start-up
+cache as a hub artifact (rollout/vllm/engine_cache.py); it serves it until stdin closes.
 warm: the engine takes the cache artifact from the peer that made it, starts with dummy weights from MODEL_DIR
 (config and tokenizer only: no weights there), takes `latest` from peers and generates.
 Each writes one JSON line per event to stdout: {"event": "first_rollout", phases...}, then (cold) {"event": "published"}.
+`engine_parts` splits the engine start by vLLM's own log records: the model-class inspection (`inspect_s`,
+and whether its cache hit), the model load, the engine's profile/KV-cache/warm-up.
 """
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import sys
 import time
 
 PROMPT = [1, 504, 3458, 314, 253, 1234]
+_TIMED = {"inspect_s": re.compile(r"Registry inspect model class: Elapsed time ([\d.]+)"),
+          "weights_read_s": re.compile(r"Loading weights took ([\d.]+) seconds"),
+          "model_load_s": re.compile(r"Model loading took \S+ GiB memory and ([\d.]+) seconds"),
+          "init_engine_s": re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+)")}
+
+_LOGGERS = ("vllm.model_executor.models.registry", "vllm.model_executor.model_loader.default_loader",
+            "vllm.config.model", "vllm.v1.worker.cpu_model_runner", "vllm.v1.worker.cpu_worker",
+            "vllm.v1.worker.gpu_model_runner", "vllm.v1.engine.core", "vllm.entrypoints.llm")
+
+
+class _VllmTimings(logging.Handler):
+    """The seconds vLLM logs for its own start-up steps, and whether the inspection's cache hit."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.parts: dict = {}
+        self.timeline: list = []
+        """(seconds since the engine start began, message) of vLLM's records, to read its start-up's steps."""
+        self.t0 = time.monotonic()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg = record.getMessage()
+        if len(self.timeline) < 60:
+            self.timeline.append((round(time.monotonic() - self.t0, 2), msg[:100]))
+        for key, pat in _TIMED.items():
+            m = pat.search(msg)
+            if m:
+                self.parts[key] = round(float(m.group(1)), 3)
+        if "Cached model info file" in msg or "Cache model info" in msg:
+            self.parts["inspect_cache_hit"] = False
+        elif "from cache" in msg and "model info" in msg:
+            self.parts["inspect_cache_hit"] = True
 
 
 def main(mode: str, address: str, model_dir: str) -> None:
@@ -30,12 +68,17 @@ def main(mode: str, address: str, model_dir: str) -> None:
         phases[name] = round(now - last[0], 3)
         last[0] = now
 
+    home_before = sorted(_files(os.path.expanduser("~")))
     import vllm  # noqa: F401 - every joiner pays it; timed here, not inside the next phase
     from rlsync.hub import HubClient, Location
     from rlsync.rollout.vllm import engine_cache
     from rlsync.rollout.vllm.engine import VllmEngine
     from rlsync.rollout.vllm.stage import HubWeightStage
     lap("import_s")
+    timings = _VllmTimings()  # on the loggers that emit them: vLLM's dictConfig re-sets its "vllm" logger's handlers
+    logging.getLogger(_LOGGERS[0]).setLevel(logging.DEBUG)  # DEBUG reaches this handler only (vLLM prints INFO+)
+    for name in _LOGGERS:
+        logging.getLogger(name).addHandler(timings)
     hub = HubClient(address, token=os.environ["RLSYNC_HUB_TOKEN"])
     hub.join(Location(host=f"spot-{mode}"), name=f"spot-{mode}")
     cfg = VllmEngine.Config(model_dir=model_dir, max_new_tokens=8, do_sample=False,
@@ -43,7 +86,9 @@ def main(mode: str, address: str, model_dir: str) -> None:
     key = engine_cache.cache_key(model_dir, cfg)
     root = engine_cache.cache_root()
     files = engine_cache.fetch_cache(hub, key, root) if mode == "warm" else []
+    cache_before = sorted(_files(root))
     lap("cache_fetch_s")
+    timings.t0 = time.monotonic()
     engine = VllmEngine(cfg)
     lap("engine_start_s")
     stats = HubWeightStage(hub, engine, "policy").update("latest")
@@ -52,7 +97,11 @@ def main(mode: str, address: str, model_dir: str) -> None:
     lap("first_rollout_s")
     print(json.dumps({"event": "first_rollout", "mode": mode, "phases": phases, "version": out.version,
                       "tokens": out.response_ids[0], "cache_files": files, "fetch_s": round(stats.fetch_s, 3),
-                      "apply_s": round(stats.apply_s, 3), "cache_root_files": sorted(_files(root))}), flush=True)
+                      "apply_s": round(stats.apply_s, 3), "engine_parts": timings.parts, "cache_root": root,
+                      "engine_timeline": timings.timeline,
+                      "home_before": home_before, "cache_root_before": cache_before,
+                      "cache_root_files": sorted(_files(root)),
+                      "home_after": sorted(_files(os.path.expanduser("~")))}), flush=True)
     if mode == "cold":
         engine.shutdown()  # one engine at a time on this machine; the artifact is served by the hub client
         held = engine_cache.publish_cache(hub, root, key)

@@ -1,6 +1,6 @@
 """`python -m rlsync.bench cost`: tokens and final reward per dollar, a churning spot pool vs on-demand of equal cost.
 
-    python -m rlsync.bench cost [--steps 100] [--seed 0] [--sim-steps 200] [--json F]
+    python -m rlsync.bench cost [--steps 100] [--seed 0] [--device-s 0.25] [--per-call 8] [--sim-steps 200] [--json F]
 
 Two parts, one JSON (keys `tokens_per_dollar_ratio_spot_vs_on_demand`, `reward_per_dollar_ratio_spot_vs_on_demand`
 are the emulated run's; `sim` holds the paper-scale ones):
@@ -11,9 +11,16 @@ are the emulated run's; `sim` holds the paper-scale ones):
   notice, one killed) and adds 2 joiners. Cost = sum over steps of the step's wall time x (trainer at the
   on-demand price + the pool's live members at their price); start-up before step 1 is left out of both.
   Tokens = samples trained x 5 (the `reverse` task's answer, 4 symbols + eos). Final reward = mean
-  `reward/mean` of the last 10 steps. Both runs share this machine's 2 cores: a worker more does not bring
-  cores with it here as a spot instance would, so this part measures the loop's overheads under churn
-  (preemption, rejoin, lost calls), not the capacity a cheaper instance buys; the simulator does that.
+  `reward/mean` of the last 10 steps. Both runs share this machine's 2 cores, where a worker more brings no
+  cores as a spot instance brings its accelerator. **Emulated accelerator** (`--device-s D`, the assumption
+  docs/elastic.md states): each rollout worker is modelled as its own device, every rollout call (the same
+  `--per-call` prompts x group_size samples in both runs: device time per call is device time per sample)
+  taking D seconds on it after its real generation, a sleep
+  (`inject.generate_delay_s`) that uses no shared core, so a worker's capacity does not shrink as workers are
+  added. The trainer, the real generation, rewards, weight fetches and every churn event stay real and
+  measured. `--device-s 0`: no device (workers share the cores: what the pool's size cannot buy here).
+  The on-demand run's generate/train seconds per step (`on_demand_generate_over_train`) say how rollout-bound
+  it is; the simulator's `sim_balance` gives the ratio that balance implies without churn.
 - simulator (`rlsync.sim.cost.compare` at paper scale, and its sweep over preemption rate and notice).
 The load average is written beside the figures.
 """
@@ -42,9 +49,9 @@ def _pool(size: int, policy: str, seed: int, steps: int) -> list[str]:
             f"pools.spot.churn.last_step={steps * 3 // 4}"]
 
 
-def _train(run_dir: str, steps: int, seed: int, overrides: list[str]) -> tuple[list[dict], float]:
+def _train(run_dir: str, steps: int, seed: int, device: list[str], overrides: list[str]) -> tuple[list[dict], float]:
     cmd = [sys.executable, "-m", "rlsync.train", "+recipe=grpo_elastic", f"steps={steps}", f"seed={seed}",
-           f"hydra.run.dir={run_dir}", "checkpoint.enabled=false", *overrides]
+           f"hydra.run.dir={run_dir}", "checkpoint.enabled=false", *device, *overrides]
     t0 = time.monotonic()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=900)
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
@@ -63,23 +70,30 @@ def price_run(rows: list[dict], pool: str, worker_price: float, trainer_price: f
     return {"wall_s": rows[-1]["time"] - rows[0]["time"], "cost": cost, "tokens": tokens, "final_reward": reward,
             "tokens_per_dollar": tokens / cost, "reward_per_dollar": reward / cost,
             "preemptions": sum(r.get("events/preemptions", 0.0) for r in rows),
-            "joined": sum(r.get("events/joined", 0.0) for r in rows)}
+            "joined": sum(r.get("events/joined", 0.0) for r in rows),
+            "generate_over_train": sum(r.get("timing_s/generate", 0.0) for r in rows)
+            / max(1e-9, sum(r.get("timing_s/train", 0.0) for r in rows))}
 
 
-def run(steps: int, seed: int, sim_steps: int) -> dict:
+def run(steps: int, seed: int, sim_steps: int, device_s: float, per_call: int) -> dict:
     from rlsync.sim.cost import JobModel, PriceModel, balance_sweep, compare, sweep
 
     price = PriceModel()
     od, spot = price.on_demand_per_gpu_h / 3600.0, price.on_demand_per_gpu_h * price.spot_fraction / 3600.0
     n_spot = round(1 / price.spot_fraction)
     samples_per_step = 32 * 8  # grpo_elastic: prompts_per_step x group_size
-    res: dict = {"load_before": os.getloadavg(), "spot_workers": n_spot, "spot_fraction": price.spot_fraction}
+    res: dict = {"load_before": os.getloadavg(), "spot_workers": n_spot, "spot_fraction": price.spot_fraction,
+                 "emulated_device_s_per_call": device_s, "prompts_per_call": per_call}
+    device = [f"inject.generate_delay_s={device_s}", f"rollout.prompts_per_request={per_call}"]
     with tempfile.TemporaryDirectory(prefix="rlsync-cost-") as tmp:
-        rows, res["on_demand_run_s"] = _train(os.path.join(tmp, "od"), steps, seed, _pool(1, "fixed", seed, steps))
+        rows, res["on_demand_run_s"] = _train(os.path.join(tmp, "od"), steps, seed, device,
+                                              _pool(1, "fixed", seed, steps))
         res["on_demand"] = price_run(rows, "main", od, od, samples_per_step)
-        rows, res["spot_run_s"] = _train(os.path.join(tmp, "spot"), steps, seed, _pool(n_spot, "spot", seed, steps))
+        rows, res["spot_run_s"] = _train(os.path.join(tmp, "spot"), steps, seed, device,
+                                         _pool(n_spot, "spot", seed, steps))
         res["spot"] = price_run(rows, "spot", spot, od, samples_per_step)
     res["load_after"] = os.getloadavg()
+    res["on_demand_generate_over_train"] = res["on_demand"]["generate_over_train"]
     res["tokens_per_dollar_ratio_spot_vs_on_demand"] = res["spot"]["tokens_per_dollar"] / res["on_demand"]["tokens_per_dollar"]
     res["reward_per_dollar_ratio_spot_vs_on_demand"] = res["spot"]["reward_per_dollar"] / res["on_demand"]["reward_per_dollar"]
     job = JobModel(steps=sim_steps)
@@ -93,10 +107,13 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m rlsync.bench cost", description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=100, help="steps of each emulated run (~1-3 min each on 2 cores)")
     p.add_argument("--seed", type=int, default=0, help="run seed and churn seed")
+    p.add_argument("--per-call", type=int, default=8, help="prompts per rollout call, both runs (32 per step)")
+    p.add_argument("--device-s", type=float, default=0.25,
+                   help="emulated accelerator seconds per rollout call, each worker its own (0: none; docstring)")
     p.add_argument("--sim-steps", type=int, default=200, help="steps of the paper-scale simulated job")
     p.add_argument("--json", help="write every figure here")
     a = p.parse_args(argv)
-    res = run(a.steps, a.seed, a.sim_steps)
+    res = run(a.steps, a.seed, a.sim_steps, a.device_s, a.per_call)
     s = res["sim"]
     print("| | wall s | cost | tokens/$ | final reward | reward/$ |\n|---|---|---|---|---|---|")  # CLI output
     for k in ("on_demand", "spot"):
@@ -104,7 +121,9 @@ def main(argv: list[str]) -> int:
         print(f"| emulated {k} | {r['wall_s']:.1f} | {r['cost']:.4f} | {r['tokens_per_dollar']:.0f} | "
               f"{r['final_reward']:.3f} | {r['reward_per_dollar']:.2f} |")
     print(f"emulated: tokens/$ spot/on-demand {res['tokens_per_dollar_ratio_spot_vs_on_demand']:.3f}, reward/$ "
-          f"{res['reward_per_dollar_ratio_spot_vs_on_demand']:.3f} (load {res['load_before'][0]:.1f} -> {res['load_after'][0]:.1f})")
+          f"{res['reward_per_dollar_ratio_spot_vs_on_demand']:.3f}; emulated device {a.device_s} s/call, "
+          f"on-demand generate/train {res['on_demand_generate_over_train']:.2f} "
+          f"(load {res['load_before'][0]:.1f} -> {res['load_after'][0]:.1f})")
     print(f"simulated (paper scale, {s['engines_on_demand']} on-demand vs {s['engines_spot']} spot engines): tokens/$ "
           f"cold joiners {s['tokens_per_dollar_ratio_spot_cold_vs_on_demand']:.3f}, warm {s['tokens_per_dollar_ratio_spot_warm_vs_on_demand']:.3f}")
     for row in res["sim_sweep"]:

@@ -4,7 +4,9 @@
 
 One embedded hub; a peer in this process holds `policy` v1 (SmolLM2-135M's fp32 tensors, what a peer engine's
 staging replica holds). Each round spawns, one after the other (one vLLM engine at a time), two joiner
-processes (rlsync/bench/_spot_child.py), each with an empty VLLM_CACHE_ROOT, as on a fresh spot machine:
+processes (rlsync/bench/_spot_child.py), each with an empty $HOME of its own and no cache-dir overrides, so
+every per-user cache starts empty, as on a fresh spot machine (vLLM's is ~/.cache/vllm; with eager execution
+it holds only `modelinfos/`, the result of a model-inspection subprocess that imports vLLM afresh):
 
 - cold (today's joiner): vLLM reads the checkpoint from disk and makes its own start-up cache, then the engine
   takes `latest` from the peer and generates; afterwards it publishes its cache as a hub artifact and serves it;
@@ -41,8 +43,17 @@ def _load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def _spawn(mode: str, address: str, token: str, model_dir: str, cache_root: str):
-    env = dict(os.environ, VLLM_CACHE_ROOT=cache_root, RLSYNC_HUB_TOKEN=token)
+_CACHE_OVERRIDES = ("VLLM_CACHE_ROOT", "VLLM_CONFIG_ROOT", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "HF_HOME",
+                    "RLSYNC_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+"""Environment variables that would point a joiner at this machine's caches instead of its own empty home."""
+
+
+def _spawn(mode: str, address: str, token: str, model_dir: str, home: str):
+    """A joiner with an empty $HOME of its own: every per-user cache (vLLM's ~/.cache/vllm, whose `modelinfos/`
+    saves its model-inspection subprocess, and any other) starts empty, as on a fresh spot machine."""
+    os.makedirs(home)
+    env = {k: v for k, v in os.environ.items() if k not in _CACHE_OVERRIDES}
+    env.update(HOME=home, RLSYNC_HUB_TOKEN=token)
     t0 = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "rlsync.bench._spot_child", mode, address, model_dir],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
@@ -66,13 +77,13 @@ def _round(address: str, token: str, model_dir: str, tmp: str, i: int) -> dict:
     from rlsync.rollout.vllm.model_dir import weightless_dir
 
     load = _load()
-    cold, t0 = _spawn("cold", address, token, model_dir, os.path.join(tmp, f"cold-{i}"))
+    cold, t0 = _spawn("cold", address, token, model_dir, os.path.join(tmp, f"home-cold-{i}"))
     try:
         c = _event(cold, "first_rollout")
         c["ttfr_s"] = round(time.monotonic() - t0, 2)
         c["artifact"] = _event(cold, "published")
         bare = weightless_dir(model_dir, os.path.join(tmp, f"weightless-{i}"))
-        warm, t1 = _spawn("warm", address, token, bare, os.path.join(tmp, f"warm-{i}"))
+        warm, t1 = _spawn("warm", address, token, bare, os.path.join(tmp, f"home-warm-{i}"))
         w = _event(warm, "first_rollout")
         w["ttfr_s"] = round(time.monotonic() - t1, 2)
         warm.wait(timeout=120)
@@ -106,6 +117,10 @@ def run(rounds: int) -> dict:
             "ttfr_ratio_warm_vs_cold": statistics.median(r["ratio"] for r in per),
             "warm_matches_cold": all(r["same_tokens"] for r in per),
             "cache_artifact_files": per[0]["warm"]["cache_files"],
+            "cold_started_empty": all(not r["cold"]["home_before"] and not r["cold"]["cache_root_before"] for r in per),
+            "warm_started_with_artifact_only": all(not r["warm"]["home_before"] and r["warm"]["cache_root_before"]
+                                                   == sorted(r["warm"]["cache_files"]) for r in per),
+            "cold_home_writes": per[0]["cold"]["home_after"],
             "cache_artifact_bytes": per[0]["cold"]["artifact"]["bytes"]}
 
 
@@ -117,6 +132,11 @@ def _table(res: dict) -> str:
             ph = r[mode]["phases"]
             rows.append(f"| {i} | {mode} | {r[mode]['ttfr_s']} | " + " | ".join(str(v) for v in ph.values())
                         + f" | {r['load_before'][0]} / {r['load_after'][0]} |")
+    for i, r in enumerate(res["rounds"]):
+        rows.append(f"round {i} engine start in parts (vLLM's own log): cold {r['cold']['engine_parts']}, "
+                    f"warm {r['warm']['engine_parts']}")
+    rows.append(f"cold joiners started with an empty home: {res['cold_started_empty']}; warm ones with only the "
+                f"artifact: {res['warm_started_with_artifact_only']}; a cold start wrote {res['cold_home_writes']}")
     rows.append(f"\nttfr_ratio_warm_vs_cold {res['ttfr_ratio_warm_vs_cold']} (median); warm tokens == cold tokens: "
                 f"{res['warm_matches_cold']}; cache artifact {res['cache_artifact_bytes']} B: {res['cache_artifact_files']}")
     return "\n".join(rows)

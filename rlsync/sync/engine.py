@@ -82,6 +82,10 @@ class WeightEngine(Protocol):
     def staging_held(self) -> Any:
         """verify + reads_hub: a context in which nothing refills the staging `verify_source` returned."""
 
+    def readback_done(self, version: int) -> None:
+        """verify + reads_hub: a weights check has finished reading `version` back (its read-back may alias a
+        staging the engine then holds off refilling until this call)."""
+
     def enable_adapters(self, cfg: Any, max_resident: int, extra: dict | None = None) -> Any:
         """adapters: LoRA slots over the base from now on; the `AdapterSlots` (rollout/adapters.py)."""
 
@@ -98,7 +102,7 @@ METHODS = {"in_place_fetch": ("named_parameters_for_sync",), "load_state": ("loa
 """The methods each capability promises."""
 INFLIGHT_WITH = {"staged": ("stage_version",), "in_place_fetch": ("next_buffers", "offer_next")}
 """What an in-flight engine adds for the way weights reach it."""
-VERIFY_WITH = ("verify_source", "reapply", "staging_held", "verify_ahead")
+VERIFY_WITH = ("verify_source", "reapply", "staging_held", "verify_ahead", "readback_done")
 """What a verifiable engine that reads the hub itself adds (the receiver has no staging of its own)."""
 
 

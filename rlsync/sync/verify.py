@@ -193,6 +193,9 @@ class EngineVerifier:
         self.checks = {"weights": 0, "probe": 0}
         self._pending: tuple | None = None  # an overlapped weights check: (version, manifest, staged, reapply, thread, box)
         self._probe_later: tuple | None = None  # (version, reapply): its probe was not annotated yet at the apply
+        self._read_done = getattr(engine, "readback_done", None)
+        """An engine whose read-back may be a staging it refills later (vLLM's, a variant packed from staging)
+        holds that refill until each weights check has read it: told here, whatever the check's outcome."""
 
     def probe_due(self, version: int) -> bool:
         return self.cfg.probe_every > 0 and version % self.cfg.probe_every == 0
@@ -213,7 +216,10 @@ class EngineVerifier:
         return took
 
     def _weights(self, version: int, manifest: Any, staged: dict | None, readback: dict | None = None) -> None:
-        bad = check_weights(manifest, self.engine.weights_readback() if readback is None else readback, staged)
+        try:
+            bad = check_weights(manifest, self.engine.weights_readback() if readback is None else readback, staged)
+        finally:
+            self._released(version)
         self.checks["weights"] += bad is not None
         if bad:
             raise WeightsVerifyError("weights", version, f"{len(bad)} tensors differ from the manifest "
@@ -262,6 +268,10 @@ class EngineVerifier:
                 log.info("engine verified again at v%d after %d re-apply(s)", version, attempt)
             return
 
+    def _released(self, version: int) -> None:
+        if self._read_done is not None:
+            self._read_done(version)
+
     # ---- overlapped: the weights check runs while the engine generates (its samples wait for it)
     def start(self, version: int, manifest: Any, reapply: Any, staged: dict | None = None) -> None:
         """The probe (due or not) now; the weights check in a background thread (`settle` waits for it)."""
@@ -272,6 +282,7 @@ class EngineVerifier:
             else:
                 self.heal(version, None, reapply)
         if not self.cfg.weights or manifest is None:
+            self._released(version)  # nothing will read the engine back
             return
         box: list = []
         readback = self.engine.weights_readback()  # views, now: the engine may hold a lock while it generates

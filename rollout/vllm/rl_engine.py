@@ -33,7 +33,8 @@ from rlsync.hub import Manifest
 from ..engine import EngineCaps
 from ..registry import register_engine
 from .engine import Switch, VllmEngine
-from .stage import HubWeightStage, SyncStats
+from .stage import HubWeightStage
+from .sync_stats import SyncStats
 from .staging import WeightIntegrityError, specs_of
 
 log = logging.getLogger(__name__)
@@ -219,11 +220,14 @@ class HubFedVllmEngine:
         """From now on each version prefetched into staging gets `expect(manifest, staging, recheck)` (the
         verifier's digests of what the engine must hold after applying it) in the fetch's thread, while the
         engine generates; `verify_source` hands them out, so the check after the apply needs no staging and
-        can run while the engine generates its next batch (docs/verify.md, "Overlap")."""
+        can run while the engine generates its next batch (docs/verify.md, "Overlap"). A layer packed straight
+        from fused staging (a variant in the engine's dtype) is read back from that staging: the stage then holds
+        off its next prefetch until the check says `readback_done`."""
         if self._inflight or self.stage is None:
             raise ValueError("verify_ahead needs a staged engine that does not switch in flight")
         self._expect_fn = expect
         self.stage.on_landed = self._expect_landed
+        self.stage.hold_applied = True
 
     def _expect_landed(self, version: int) -> None:
         m = self.stage._manifest
@@ -244,6 +248,11 @@ class HubFedVllmEngine:
         st, m = self.stage, self.stage._manifest
         moved = (st._fetch is not None and st._fetch.is_alive()) or st.staged_version != self.engine.version
         return (m, st._staging) if isinstance(m, Manifest) and not moved else (None, None)
+
+    def readback_done(self, version: int) -> None:
+        """A check has finished reading `version` back: the stage may refill its staging."""
+        if self.stage is not None:
+            self.stage.release_applied(version)
 
     @contextmanager
     def staging_held(self):

@@ -32,10 +32,11 @@ its lock plus the apply and checks; with prefetch the fetch is not in it).
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterator
 
 import torch
@@ -46,40 +47,9 @@ from rlsync.hub import ReshardReader, Shard, ShardedLayout, zero_shard
 from .engine import VllmEngine, WeightApplyError
 from .staging import (Landing, WeightIntegrityError, check_variant_layout, checked_tensors, fused_buffers,
                       fused_staging, specs_of)
+from .sync_stats import SyncStats
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(kw_only=True, slots=True)
-class SyncStats:
-    version: int
-    fetch_s: float
-    """Fetch into staging (for a pipelined update: until the last unit landed)."""
-    apply_s: float
-    """vLLM's in-place layerwise reload, checks included."""
-    pause_s: float
-    """Engine stopped for this update: its lock wait, the apply and the checks (the fetch is not in it
-    when the version was prefetched)."""
-    nbytes: int
-    bytes_by_source: dict[str, int] = field(default_factory=dict)
-    """Hub worker id -> bytes it served to this update's fetch."""
-    transports: dict[str, str] = field(default_factory=dict)
-    """Hub worker id -> transport used."""
-    fetch_wait_s: float = 0.0
-    """Waiting for the fetch of a version the engine needed at once (the staleness bound asked for a
-    version that had just committed, so no admissible version was there to generate with meanwhile)."""
-    in_flight: bool = False
-    """Switched in by reference (`VllmEngine.prepare`): `apply_s` is the build beside the live weights (off
-    the decode path), `pause_s` the swap."""
-
-    @property
-    def seconds(self) -> float:  # the FetchResult fields a fetch event reads
-        return self.fetch_s
-
-    def metrics(self) -> dict[str, float]:
-        return {"sync/fetch_s": self.fetch_s, "sync/apply_s": self.apply_s, "sync/pause_s": self.pause_s,
-                "sync/fetch_wait_s": self.fetch_wait_s,
-                "sync/bytes": float(self.nbytes), "sync/version": float(self.version)}
 
 
 class HubWeightStage:
@@ -121,6 +91,10 @@ class HubWeightStage:
         self._stop = threading.Event()
         self.on_landed = None
         """Called in the prefetch thread with each version complete in staging (rl_engine.py's in-flight build)."""
+        self.hold_applied = False
+        """Keep an applied version packed straight from fused staging there until `release_applied`: its check
+        reads it back from the staging while the engine generates, so no prefetch may refill it (docs/verify.md)."""
+        self._held: int | None = None
 
     # ------------------------------------------------------------------ fetch into staging
     def _fetch_into_staging(self, version, on_unit=None):
@@ -160,8 +134,8 @@ class HubWeightStage:
         if not self._lock.acquire(blocking=False):
             return False  # apply_staged / update is reading or writing the staging buffers
         try:
-            if self._fetch is not None and self._fetch.is_alive():
-                return False
+            if self._held is not None or (self._fetch is not None and self._fetch.is_alive()):
+                return False  # a check still reads the applied version here, or a fetch is writing
             if isinstance(version, int) and version in (self.staged_version, self.engine.version):
                 return False
             self._fetch_error = None
@@ -327,7 +301,7 @@ class HubWeightStage:
             first = next(it, None)
             if first is None:
                 raise WeightIntegrityError(f"{self.model} v{version}: the fetch returned no tensor")
-            stream = self._checked(self._staging, first[1], _chain(first[0], (ti for ti, _ in it)))
+            stream = self._checked(self._staging, first[1], itertools.chain((first[0],), (ti for ti, _ in it)))
             apply_s = self.engine.apply(stream, version, expect=[s.name for s in first[1].tensors],
                                         specs=specs_of(first[1]))
         finally:
@@ -380,9 +354,15 @@ class HubWeightStage:
             log.warning("could not withdraw the corrupt replica of %s v%d: %s", self.model, version, e)
 
     def _after_apply(self, version: int) -> None:
+        self._held = version if self.hold_applied and self._fused else None  # set under the lock: no gap
         if not self.config.serve_peers:
             self._release(version)
             self.staged_version = None
+
+    def release_applied(self, version: int) -> None:
+        """A check has read `version` back from the staging: prefetches may refill it again."""
+        if self._held is not None and self._held <= version:
+            self._held = None
 
     def close(self) -> None:
         """Stop following and wait for a background fetch; the caller leaves the hub."""
@@ -394,7 +374,3 @@ class HubWeightStage:
         if t is not None:
             t.join()
 
-
-def _chain(first, rest):
-    yield first
-    yield from rest

@@ -431,3 +431,50 @@ def test_a_prefetched_version_is_checked_while_the_engine_generates_and_a_change
     finally:
         receiver.close()
         client.leave()
+
+
+def test_a_variant_packed_from_staging_is_read_back_before_the_next_prefetch_refills_it(rig):
+    """docs/verify.md, the bf16 variant: a layer packed straight from fused staging is read back from that staging,
+    so its overlapped check must read it before the next version's prefetch refills it. Injected ordering (no
+    sleep): the trainer commits the next version while the check runs, and the check reads only once the follower
+    has had its chance to prefetch it (its poll, then any prefetch it started joined). Before the fix the prefetch
+    refilled the staging under the check (a false failure: batch dropped, re-apply); now it waits for the check."""
+    from rlsync.core.stall import StallClock
+    from rlsync.hub import HubClient, Location
+    from rlsync.rollout.vllm.rl_engine import HubFedVllmEngine
+    from rlsync.sync import Side, SyncConfig
+    from rlsync.sync.hub_derived import HubDerivedReceiver
+    from rlsync.sync.verify import VerifyConfig
+    from waiting import wait_for  # tests/waiting.py
+
+    client = HubClient(rig.hub.address, token=rig.hub.token)
+    client.join(Location(host="h0"), name="vllm0-bf16-receiver")
+    fed = HubFedVllmEngine(rig.engine)
+    side = Side(sync=SyncConfig(variant="bf16", verify=VerifyConfig(probe_every=0)), model="policy", hub=client,
+                clock=StallClock("r", "rollout"), hub_address=rig.hub.address)
+    receiver = HubDerivedReceiver(side, fed)  # its stage follows the hub, reading the bf16 variant
+    check, raced = receiver.verifier._weights, []
+
+    def racing(version, manifest, staged, readback=None):
+        if readback is not None and fed.stage._fused and not raced:  # the overlapped check of a packed version
+            raced.append(rig.publish(33))  # the trainer commits the next version while the check runs
+            fed.stage.poll()  # the follower's turn (it polls every 50 ms): prefetch it, if the stage lets it
+            fed.stage.wait_staged()  # any prefetch started has finished writing the staging
+        return check(version, manifest, staged, readback)
+    receiver.verifier._weights = racing
+    try:
+        for seed in (31, 32):  # the variant's staging is fused from its second fetch: then packed from it
+            v = rig.publish(seed)
+            wait_for(lambda: v in fed._expected, 120, f"v{v}'s variant staged")
+            receiver.ensure(v)
+            assert fed.generate(rig.prompts[:1]).version == v  # while the weights check runs
+            assert receiver.verify_generated() == set(), f"v{v} failed its check"
+        q = "model.layers.2.self_attn.q_proj.weight"
+        assert raced and fed.weights_readback()[q].data_ptr() == fed.stage._staging[q].data_ptr()
+        nxt = raced[0]  # held off while the check read, prefetched once it was done
+        wait_for(lambda: fed.stage.staged_version == nxt, 120, f"v{nxt} prefetched after the check")
+        receiver.ensure(nxt)
+        assert fed.generate(rig.prompts[:1]).version == nxt and receiver.verify_generated() == set()
+    finally:
+        receiver.close()
+        client.leave()
