@@ -14,7 +14,7 @@ from rlsync.config.compose import check_config
 from rlsync.config.schema import TrainConfig
 from rlsync.core.errors import ConfigError
 from rlsync.sync.stage_priority import ESCALATED_NICE, StagePriority, lower_thread_priority
-from tests.waiting import wait_for
+from waiting import wait_for  # tests/waiting.py
 
 
 def _in_thread(nice: int) -> tuple[int, int]:
