@@ -144,6 +144,7 @@ class _Tenants:
         self.record = {ADAPTER_BASE: torch.zeros(1, dtype=torch.int64)}
         self.live = [{k: torch.zeros(s, dtype=d) for k, (s, d) in names.items()} for _ in range(n)]
         self.version = [-1] * n
+        self.ready: dict[int, dict | None] = {}  # a tenant's stepped values, until published
         self.bytes = sum(t.numel() * t.element_size() for t in self.live[0].values())
 
     @staticmethod
@@ -152,16 +153,25 @@ class _Tenants:
 
         return adapter_model("policy", f"t{t}")
 
-    def publish(self, t: int) -> int:
-        """Tenant t's next revision (new random adapter values); its version."""
+    def step(self, t: int) -> None:
+        """Tenant t's training step: its next revision's values (new random adapter values), computed into a
+        buffer of their own (the live adapter still holds the published revision, which peers may be reading)."""
         import torch
 
+        g = torch.Generator().manual_seed(1000 * t + self.version[t] + 1)
+        self.ready[t] = {n: torch.randn(x.shape, generator=g) * 0.02 for n, x in self.live[t].items()}
+
+    def publish(self, t: int) -> int:
+        """Tenant t's next revision, as the hub_adapter route publishes it (release the previous one, write the
+        stepped values into the live adapter, publish); its version. Steps first when `step` was not called."""
+        if self.ready.get(t) is None:
+            self.step(t)
         if self.version[t] >= 0:
             self.client.release(self.model_of(t), self.version[t])
         self.version[t] += 1
-        g = torch.Generator().manual_seed(1000 * t + self.version[t])
-        for x in self.live[t].values():
-            x.copy_(torch.randn(x.shape, generator=g) * 0.02)
+        for n, x in self.live[t].items():
+            x.copy_(self.ready[t][n])
+        self.ready[t] = None
         self.client.publish(self.model_of(t), self.version[t], {**self.live[t], **self.record})
         return self.version[t]
 
@@ -203,6 +213,7 @@ def run(kind: str, tenants: int, revisions: int, trials: int, updates: int, chec
         ph = {k: [] for k in ("first_token", "publish", "fetch", "prefill", "response", "resident")}
         for i in range(trials):
             t = i % tenants
+            tr.step(t)  # the tenant's training step: not part of publish -> first token
             t1 = time.perf_counter()
             v = tr.publish(t)
             t2 = time.perf_counter()
