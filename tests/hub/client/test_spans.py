@@ -23,13 +23,19 @@ def _views(rng: random.Random, base: torch.Tensor, n: int) -> list[torch.Tensor]
     return out
 
 
-def test_the_index_answers_as_every_pair_does():
-    rng = random.Random(0)
+def _cases(seed: int, n: int = 400):
+    """(trial, xs, ys): random views of three shared storages, some overlapping, some not."""
+    rng = random.Random(seed)
     storages = [torch.zeros(4096, dtype=torch.uint8) for _ in range(3)]
-    seen = set()
-    for trial in range(400):
+    for trial in range(n):
         xs = [v for b in storages for v in _views(rng, b, rng.randrange(0, 4))]
         ys = [v for b in rng.sample(storages, rng.randrange(0, 3)) for v in _views(rng, b, rng.randrange(0, 5))]
+        yield trial, xs, ys
+
+
+def test_the_index_answers_as_every_pair_does():
+    seen = set()
+    for trial, xs, ys in _cases(0):
         assert overlaps(xs, ys) == _pairwise(xs, ys), trial
         seen.add(_pairwise(xs, ys))
         idx = Spans(ys)
@@ -45,12 +51,8 @@ def test_touching_ends_do_not_overlap_and_one_byte_does():
 
 
 def test_two_indexes_meet_as_every_pair_does():
-    rng = random.Random(1)
-    storages = [torch.zeros(4096, dtype=torch.uint8) for _ in range(3)]
     seen = set()
-    for trial in range(400):
-        xs = [v for b in storages for v in _views(rng, b, rng.randrange(0, 4))]
-        ys = [v for b in rng.sample(storages, rng.randrange(0, 3)) for v in _views(rng, b, rng.randrange(0, 5))]
+    for trial, xs, ys in _cases(1):
         want = _pairwise(xs, ys)
         assert Spans(ys).meets(Spans(xs)) == want and Spans(xs).meets(Spans(ys)) == want, trial
         seen.add(want)
