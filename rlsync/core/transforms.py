@@ -150,10 +150,11 @@ class VariantReader:
         self.variant_model = f"{model}@{self.transform.name}"
         self.scratch: dict[str, torch.Tensor] | None = None
         self.conversion_s, self.derivations, self.base_bytes = 0.0, 0, 0
+        self._base_read = None  # the base version's FetchResult of the derivation under way (fetch() reports it)
 
     def _make(self, version: int, into: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
         base = self.hub.fetch(self.model, version, into=self.scratch)
-        self.scratch, self.base_bytes = base.tensors, self.base_bytes + base.nbytes
+        self.scratch, self.base_bytes, self._base_read = base.tensors, self.base_bytes + base.nbytes, base
         out = into if into is not None else self.transform.allocate(self.transform.specs(specs_of(base.tensors)))
         try:
             self.conversion_s += self.transform.apply(base.tensors, out)
@@ -177,6 +178,12 @@ class VariantReader:
 
     def fetch(self, version, into: dict[str, torch.Tensor] | None = None, on_unit=None):
         """The variant of `version` ('latest' or an int) in `into` (allocated when None): a hub `FetchResult`
-        whose `mode` is "derived" when this reader made it."""
-        return self.hub.fetch_variant(self.model, version, self.transform.name, self._make, into=into,
-                                      params=self.transform.params(), on_unit=on_unit)
+        whose `mode` is "derived" when this reader made it; its `nbytes`, `bytes_by_source` and `transports` are
+        then the base version's read that made it (what moved to this worker; the hub's own result says 0)."""
+        self._base_read = None
+        res = self.hub.fetch_variant(self.model, version, self.transform.name, self._make, into=into,
+                                     params=self.transform.params(), on_unit=on_unit)
+        base, self._base_read = self._base_read, None
+        if res.mode == "derived" and base is not None:
+            res.nbytes, res.bytes_by_source, res.transports = base.nbytes, dict(base.bytes_by_source), dict(base.transports)
+        return res

@@ -85,6 +85,10 @@ def test_three_engines_one_derivation_same_bytes(tmp_path):
                 t.join(60)
             assert all(e.version == 1 for e in engines)
             assert sum(r.reader.derivations for r in receivers) == 1  # one conversion across the pool
+            # every engine's fetch says what moved to it, the deriving one's too (the base it read: `sync/bytes`)
+            fetched = [sum(x.attrs["bytes"] for x in r.clock.drain() if getattr(x, "name", "") == "fetch") for r in receivers]
+            base_bytes = sum(t.numel() * t.element_size() for t in live.values())
+            assert sorted(fetched) == sorted([base_bytes] + [base_bytes // 2] * 2), fetched
             want = {n: x.to(torch.bfloat16) for n, x in live.items()}
             for e in engines:
                 got = e.named_parameters_for_sync()
