@@ -8,10 +8,9 @@ whole fetch. A unit is the smallest range that can be verified (its xxh3 is in t
 manifest), so a publisher that wants slice readers to move little cuts its shard into small units
 (`publish(..., manifest_config=...)`).
 
-The reader is not a relay: it holds only part of the shard, so it tells the hub the fetch did not
-complete (`fetch_done(ok=False)`: the hub forgets the relay it advertised while planning) and
-registers nothing. Until then its data server answers for that relay as for a failed one, so a
-reader the hub planned on it is refused at once and re-plans. A shard this worker already holds in full is copied from it (no transfer).
+The reader is not a relay: it holds only part of the shard, so it asks with `relay=false` and the hub never
+advertises it as one (no other reader is planned on it); it ends the fetch with `fetch_done(ok=False)` and
+registers nothing. A shard this worker already holds in full is copied from it (no transfer).
 """
 from __future__ import annotations
 
@@ -50,22 +49,14 @@ def fetch_units(f: "Fetcher", model: str, version: int | str, shard: Shard, into
     spec = [[n, dtype_name(t.dtype), list(t.shape)] for n, t in into.items()]
     have = f.manifests.have(model, shard)
     plan = FetchPlan.from_wire(f.session.call("fetch", wid=wid, model=model, version=version, shard=shard.to_wire(),
-                                         group=None, into_spec=spec, have_manifests=list(have)))
+                                         group=None, into_spec=spec, have_manifests=list(have), relay=False))
     if plan.held:  # held here in full: copy what is asked from it
         res = f.fetch(model, plan.version, into=into, shard=shard)
         return PartialResult(res.version, list(range(len(res.manifest.units))), {}, res.manifest)
     fid, ver = plan.fetch_id, plan.version
-    relay, stub = ReplicaId(wid, model, ver, shard.key).wire, None
     try:
         manifest = f.manifests.take(plan, have, model, shard)
         manifest.check_buffers(into)
-        if f.replicas.store.get(relay) is None:
-            # The hub advertised this fetch as a relay while planning. Serve it as a failed one until
-            # the fetch ends, so a reader planned on it is refused at once and re-plans (else it waits
-            # `register_wait_s`, 5 s, for a relay that never registers: seen in docs/vllm.md).
-            stub = LocalReplica(relay, manifest, dict(into), full=False)
-            stub.fail("a partial reader holds part of the shard: it is not a relay")
-            f.replicas.store.add(stub)
         units = sorted(set(want(manifest)))
         if any(not isinstance(u, int) or not 0 <= u < len(manifest.units) for u in units):
             raise E.ProtocolError(f"want named units outside [0, {len(manifest.units)})")
@@ -87,7 +78,5 @@ def fetch_units(f: "Fetcher", model: str, version: int | str, shard: Shard, into
                 raise errors[0] if errors else E.ProtocolError("fetch plan did not cover every wanted unit")
             sources = Source.list_from_wire(f.session.call("replan", wid=wid, fetch_id=fid, failed=failed, units=missing))
     finally:
-        f.fetch_done(fid, ok=False)  # not a full replica: the hub drops the relay it advertised
-        if stub is not None and f.replicas.store.get(relay) is stub:
-            f.replicas.store.remove(relay)  # remembered as gone: a late reader is answered at once
+        f.fetch_done(fid, ok=False)  # a partial read: never a replica
     return PartialResult(ver, units, per_source, manifest)

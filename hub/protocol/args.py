@@ -235,7 +235,7 @@ SPECS: dict[str, dict[str, tuple[Callable, bool]]] = {  # op -> argument -> (che
     "fetch": {"wid": (_WID, True), "model": (_model, True), "version": (_version_or_latest, True),
               "shard": (_shard, True), "group": (_optional(_group), False),
               "into_spec": (_optional(_into_spec), False),
-              "have_manifests": (_optional(_digests), False)},
+              "have_manifests": (_optional(_digests), False), "relay": (_bool, False)},
     "replan": {"wid": (_WID, True), "fetch_id": (_str, True), "failed": (_list(_str), True),
                "units": (_list(_int(0, 2**32)), True), "gone": (_list(_str), False)},
     "delta_choose": {"wid": (_WID, True), "model": (_model, True), "version": (_version_or_latest, True),

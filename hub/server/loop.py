@@ -273,9 +273,9 @@ class HubServer(DeltaOps, DerivedOps, WaitOps, TenantOps, AnnotationOps):
         return self.state.register_replica(wid, model, version, shard, slot, manifest, origin=origin)
 
     def op_fetch(self, ident, rid, wid: str, model: str, version, shard: Shard, group=None, into_spec=None,
-                 have_manifests=None):
+                 have_manifests=None, relay: bool = True):
         t0 = time.perf_counter()
-        plan = self.state.plan_fetch(wid, model, version, shard, group, into_spec)
+        plan = self.state.plan_fetch(wid, model, version, shard, group, into_spec, relay=relay)
         return self._plan_reply(ident, rid, wid, plan, t0, have_manifests)
 
     def op_replan(self, ident, rid, wid: str, fetch_id: str, failed: list, units: list, gone: list = ()):

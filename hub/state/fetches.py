@@ -24,7 +24,9 @@ class Fetches:
     """Plan, re-plan and finish fetches; relays are registered as partial replicas."""
 
     def plan_fetch(self, wid: str, model: str, version: int | str, shard: Shard,
-                   group: tuple[str, int] | None = None, into_spec: list | None = None) -> Plan:
+                   group: tuple[str, int] | None = None, into_spec: list | None = None, relay: bool = True) -> Plan:
+        """`relay=False`: a partial reader (hub/client/partial.py) that will never hold the whole shard: it is
+        not advertised as a relay, so no reader is ever planned on it, and its fetch cannot end as a replica."""
         reader = self.touch(wid)
         m = self.model(model)
         pin = None
@@ -45,7 +47,9 @@ class Fetches:
         stale = None
         if relay_id in self.replicas:
             stale = next(iter(self._relay_fetches(relay_id)), None)
-            if stale is None:
+            if stale is not None and not relay:
+                stale = None  # the worker's own open relay fetch is another fetch: leave it alone
+            elif stale is None:
                 if pin is not None:
                     self._pin(m, group[0], pin, shard.key)
                 return Plan("", ver, manifest, [], held=True)
@@ -56,7 +60,7 @@ class Fetches:
             older = self._held_below(m, ver, shard.key) if version == "latest" and pin is None else None
             if older is not None:  # 'latest' is the newest version someone can serve now
                 log.warning("%r v%d has no live holder: 'latest' for %s is v%d", model, ver, wid, older)
-                return self.plan_fetch(wid, model, older, shard, None, into_spec)
+                return self.plan_fetch(wid, model, older, shard, None, into_spec, relay=relay)
             if self.is_retained(model, ver):
                 raise E.VersionLostError(f"{model!r} v{ver} {shard.key}: no replica can serve it "
                                          "(every holder died without notice or is releasing)")
@@ -72,8 +76,9 @@ class Fetches:
         if pin is not None:
             self._pin(m, group[0], pin, shard.key)
         fid = f"f{self._prefix}{next(self._ids)}"  # the epoch prefix: a restarted hub never reuses an id
-        self.fetches[fid] = FetchRec(fid, wid, model, ver, shard.key, assignment, relay_id, self.clock())
-        self.replicas[relay_id] = ReplicaRec(relay_id, wid, model, ver, shard.key, "live", full=False)
+        self.fetches[fid] = FetchRec(fid, wid, model, ver, shard.key, assignment, relay_id if relay else "", self.clock())
+        if relay:
+            self.replicas[relay_id] = ReplicaRec(relay_id, wid, model, ver, shard.key, "live", full=False)
         return Plan(fid, ver, manifest,
                     [(self.replicas[rid], self.workers[self.replicas[rid].worker], units)
                      for rid, units in assignment.items()])
@@ -281,7 +286,12 @@ class Fetches:
         f = self.fetches.get(fid)
         if f is None or f.reader != wid:
             raise E.UnknownFetchError(f"unknown fetch {fid!r} for worker {wid}")
+        if ok and not f.relay:
+            raise E.ProtocolError(f"fetch {fid!r} was planned as a partial read (relay=false): it cannot end as a "
+                                  "full replica; end it with ok=false")
         del self.fetches[fid]
+        if not f.relay:
+            return
         if ok:
             r = self.replicas[f.relay]
             r.full = True

@@ -125,7 +125,8 @@ class StateIndex:
         if self.events is not None:
             self.events.version(f.model, f.version)
         _add(self.shard_fetches, (f.model, f.version, f.shard), fid)
-        _add(self.relay_fetches, f.relay, fid)
+        if f.relay:  # "": a partial read, no relay
+            _add(self.relay_fetches, f.relay, fid)
         _add(self.reader_fetches, f.reader, fid)
         self.fetch_versions.setdefault(f.model, Counter())[f.version] += 1
         for rid in f.sources:
@@ -136,7 +137,8 @@ class StateIndex:
         if self.events is not None:
             self.events.version(f.model, f.version)
         _discard(self.shard_fetches, (f.model, f.version, f.shard), fid)
-        _discard(self.relay_fetches, f.relay, fid)
+        if f.relay:
+            _discard(self.relay_fetches, f.relay, fid)
         _discard(self.reader_fetches, f.reader, fid)
         c = self.fetch_versions[f.model]
         c[f.version] -= 1

@@ -219,3 +219,23 @@ def test_the_hub_keeps_no_forgotten_versions_manifest_alive_beyond_a_small_cache
         if v % 50 == 0:  # the most alive at these points (a bounded cache may clear itself when full)
             most = max(most, manifests() - before - len(s.models["p"].versions))
     assert most <= 16, f"{most} manifests of versions the hub no longer keeps were still alive"
+
+
+def test_a_partial_read_is_never_a_relay_and_cannot_end_as_a_replica():
+    s, w = state()
+    s.publish(w["t"], "p", 1, Shard(), M)
+    part = s.plan_fetch(w["r1"], "p", 1, Shard(), relay=False)
+    assert [rec.worker for rec, _, _ in part.sources] == [w["t"]] and len(s.replicas) == 1  # nothing advertised
+    later = s.plan_fetch(w["r2"], "p", 1, Shard())  # while it is open: planned on the trainer only
+    assert [rec.worker for rec, _, _ in later.sources] == [w["t"]]
+    before = snapshot(s)
+    with pytest.raises(E.ProtocolError, match="partial read"):
+        s.fetch_done(w["r1"], part.fetch_id, True)
+    assert snapshot(s) == before  # refused: the fetch still open, no replica made
+    s.fetch_done(w["r1"], part.fetch_id, False)
+    assert part.fetch_id not in s.fetches and len(s.replicas) == 2  # the trainer's and r2's relay
+    # a worker with its own full fetch open reads part of the same shard: its relay is left alone
+    full = s.plan_fetch(w["r3"], "p", 1, Shard())
+    part3 = s.plan_fetch(w["r3"], "p", 1, Shard(), relay=False)
+    s.fetch_done(w["r3"], part3.fetch_id, False)
+    assert full.fetch_id in s.fetches and any(r.worker == w["r3"] for r in s.replicas.values())
