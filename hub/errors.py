@@ -35,6 +35,14 @@ class QuotaExceededError(HubError):
     code = "quota"
 
 
+class HomeHubError(HubError):
+    """A publish that would give a model a second history on this hub: a trainer publishing a model this hub
+    follows from its home hub (through a gateway), or a gateway following a model this hub is home to or
+    already follows from another hub (docs/scale.md, "Federation"). Nothing was changed."""
+
+    code = "home_hub"
+
+
 class UnknownModelError(HubError):
     """The model was never published on this hub."""
 

@@ -100,6 +100,11 @@ class HubClient:
         return self.session.location
 
     @property
+    def hub_id(self) -> str | None:
+        """The hub's id (kept in its journal across restarts), once joined: a gateway's home (docs/scale.md)."""
+        return self.session.hub_id
+
+    @property
     def rejoined_at(self) -> float | None:
         """When the last re-join (with its re-registrations) finished (time.monotonic())."""
         return self.session.rejoined_at

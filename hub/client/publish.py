@@ -60,8 +60,9 @@ class Publisher:
         manifest = local.manifest
         self.replicas.store.add(local)
         try:
+            home = {"home": self.session.publishes_for} if self.session.publishes_for else {}
             r = self.session.call("publish", wid=wid, model=model, version=version, shard=shard.to_wire(),
-                               manifest=manifest.to_wire())
+                               manifest=manifest.to_wire(), **home)
             committed = bool(r["committed"])
         except E.VersionError:
             # A retried publish whose first try did land (and committed) before the hub answered.

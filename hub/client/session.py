@@ -54,6 +54,10 @@ class Session:
         self._seeding: set[tuple] = set()
         self.on_task: Callable[[str, int, Shard], object] | None = None
         """What a seed worker runs for a hub task (model, version, shard): the facade's fetch."""
+        self.hub_id: str | None = None
+        """The hub's id (its journal keeps it across restarts), from the last join's answer."""
+        self.publishes_for: str | None = None
+        """A federation gateway's local client: the id of the home hub its publishes bring versions from."""
 
     def join(self, location: Location | None = None, name: str = "worker", *, role: str = "worker",
              follow: bool = False) -> str:
@@ -73,7 +77,7 @@ class Session:
             self.data.close()
             self.data = None
             raise
-        self.worker_id = r["wid"]
+        self.worker_id, self.hub_id = r["wid"], r.get("hub_id")
         self._name, self._role, self._follow = name, role, follow
         self.data.worker_id = self.worker_id
         self.data.verifier = TicketVerifier(r["ticket_key"])

@@ -167,6 +167,9 @@ class Gateway:
     def start(self, location: Location, name: str = "gateway", loop: bool = True) -> "Gateway":
         """Join both hubs; with `loop` follow the home in a thread (else the caller calls `step`)."""
         self.stats.home_wid = self.home.join(location, f"{name}@{location.dc}")
+        # Every publish here says which hub it brings versions from: this DC's hub refuses a second history
+        # of the model (a trainer publishing it here, or a gateway from another home: hub/state/homes.py).
+        self.local.session.publishes_for = self.home.hub_id
         self.stats.local_wid = self.local.join(location, name)
         if not loop:
             return self

@@ -228,7 +228,7 @@ SPECS: dict[str, dict[str, tuple[Callable, bool]]] = {  # op -> argument -> (che
     "heartbeat": {"wid": (_WID, True)},
     "leave": {"wid": (_WID, True)},
     "publish": {"wid": (_WID, True), "model": (_model, True), "version": (_int(), True),
-                "shard": (_shard, True), "manifest": (_manifest, True)},
+                "shard": (_shard, True), "manifest": (_manifest, True), "home": (_optional(_str), False)},
     "register": {"wid": (_WID, True), "model": (_model, True), "version": (_int(), True),
                  "shard": (_shard, True), "slot": (_str, True), "manifest": (_manifest, True),
                  "origin": (_bool, False)},

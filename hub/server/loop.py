@@ -29,6 +29,7 @@ from rlsync.hub.protocol.rpc import MAX_MESSAGE_BYTES, check_port, pack, read_or
 from rlsync.hub.server.annotations import AnnotationOps
 from rlsync.hub.server.deltas import DeltaOps
 from rlsync.hub.server.derived import DerivedOps
+from rlsync.hub.server.home import HomeOps
 from rlsync.hub.server.load import HubLoad, packed_map, park_until
 from rlsync.hub.server.tenancy import TenantOps
 from rlsync.hub.server.waits import DEFERRED as _DEFERRED, WaitOps
@@ -45,7 +46,7 @@ TICK_S = 0.2
 _MORE = int(zmq.SNDMORE)
 
 
-class HubServer(DeltaOps, DerivedOps, WaitOps, TenantOps, AnnotationOps):
+class HubServer(DeltaOps, DerivedOps, WaitOps, TenantOps, AnnotationOps, HomeOps):
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0, token: str, journal: str,
                  config: HubConfig | None = None) -> None:
         check_port(port, bind=True)  # ZeroMQ would listen on port % 65536 while the hub names `port`
@@ -58,6 +59,7 @@ class HubServer(DeltaOps, DerivedOps, WaitOps, TenantOps, AnnotationOps):
         self.epoch = int(self.journal.get_meta("epoch") or 0) + 1
         self.journal.set_meta("epoch", self.epoch)
         self.state = HubState(self.cfg, commit_hook=self._journal_commit, id_prefix=f"{self.epoch}.")
+        self._init_home()  # this hub's id, and the models it follows from their home hubs (hub/server/home.py)
         self._known = KnownManifests()  # the newest ones: what a re-join storm re-registers
         restored = []
         for model, version, group, manifests, _ in self.journal.load():
@@ -251,7 +253,7 @@ class HubServer(DeltaOps, DerivedOps, WaitOps, TenantOps, AnnotationOps):
         self._joined(wid)
         log.info("worker %s (%s) joined at %s", wid, name, location)
         return {"wid": wid, "ticket_key": self.signer.public_bytes,
-                "worker_timeout_s": self.cfg.worker_timeout_s}
+                "worker_timeout_s": self.cfg.worker_timeout_s, "hub_id": self.hub_id}
 
     def op_heartbeat(self, ident, rid, wid: str):
         """{"drops", "tasks"} when there is something to say; nil when not (most beats, some across a DC link)."""
@@ -262,11 +264,6 @@ class HubServer(DeltaOps, DerivedOps, WaitOps, TenantOps, AnnotationOps):
     def op_leave(self, ident, rid, wid: str):
         self.state.touch(wid)
         return {"dropped": self.state.remove_worker(wid)}
-
-    def op_publish(self, ident, rid, wid: str, model: str, version: int, shard: Shard, manifest: Manifest):
-        committed = self.state.publish(wid, model, version, shard, manifest)
-        self._known.add(manifest)
-        return {"committed": committed, "latest": self.state.models[model].latest}
 
     def op_register(self, ident, rid, wid: str, model: str, version: int, shard: Shard, slot: str,
                     manifest: Manifest, origin: bool = False):

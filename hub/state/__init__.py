@@ -13,6 +13,7 @@ One class, split by protocol into mixins (one file each; they share the tables m
     state_deltas.py    Deltas    full version or a chain of deltas for a reader holding an older one
     derived.py         Derivations  who derives a variant (one lease per variant version), its record
     annotations.py     Annotations  small opaque per-version values (journaled, dropped with the version)
+    homes.py           Homes     one home per model: its own publishers or one gateway's home hub, never both
     state_records.py             the records those tables hold (WorkerRec, ReplicaRec, ...)
     state_index.py               the tables' indexes, kept current on every write (no scans)
 Mixins rather than composed helper objects: every protocol reads and writes the same tables in
@@ -41,6 +42,7 @@ from rlsync.hub.state.annotations import Annotations
 from rlsync.hub.state.deltas import Deltas
 from rlsync.hub.state.derived import Derivations, Lease
 from rlsync.hub.state.fetches import Fetches, check_into_spec
+from rlsync.hub.state.homes import Homes
 from rlsync.hub.state.index import FetchTable, ReplicaTable, StateIndex
 from rlsync.hub.state.records import (DONE, PENDING, SEED, FetchRec, ModelRec, Pin, Plan, Release, ReplicaRec,
                             VersionRec, WorkerRec)
@@ -89,7 +91,7 @@ class HubConfig:
                                            f"got {v!r}")
 
 
-class HubState(Workers, Versions, Fetches, Releases, Deltas, Derivations, Annotations):
+class HubState(Workers, Versions, Fetches, Releases, Deltas, Derivations, Annotations, Homes):
     def __init__(self, cfg: HubConfig, commit_hook: Callable[..., None] | None = None,
                  clock: Callable[[], float] = time.monotonic, id_prefix: str = "",
                  annotate_hook: Callable[..., None] | None = None) -> None:
@@ -114,6 +116,8 @@ class HubState(Workers, Versions, Fetches, Releases, Deltas, Derivations, Annota
         self._ids = itertools.count(1)
         self._sizes: dict[int, tuple] = {}  # id(manifest) -> (manifest, unit sizes): `Fetches._unit_sizes`
         self._prefix = id_prefix
+        self.homes: dict[str, str] = {}  # model family root -> the hub it follows (hub/state/homes.py); absent: here
+        self.home_hook: Callable[[str, str], None] | None = None  # journals a new entry before it counts
 
     # Per-model policy (hub/state/policy.py): every retention, planner and delta decision asks these.
     def policy(self, model: str) -> ModelPolicy:

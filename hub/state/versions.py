@@ -23,9 +23,12 @@ log = logging.getLogger("rlsync.hub.state")
 class Versions:
     """Publish, commit, forget old manifests, restore from the journal, re-register replicas."""
 
-    def publish(self, wid: str, model: str, version: int, shard: Shard, manifest: Manifest) -> bool:
-        """Register `wid`'s live tensors as a full replica of (model, version, shard). True if it committed."""
+    def publish(self, wid: str, model: str, version: int, shard: Shard, manifest: Manifest,
+                home: str | None = None) -> bool:
+        """Register `wid`'s live tensors as a full replica of (model, version, shard). True if it committed.
+        `home`: a federation gateway's publish, the id of the model's home hub (hub/state/homes.py)."""
         self.touch(wid)
+        self.check_home(wid, model, home)
         if not isinstance(version, int) or isinstance(version, bool) or version < 0:
             raise E.VersionError(f"version must be a non-negative int, got {version!r}")
         m = self.models.get(model)
@@ -73,6 +76,8 @@ class Versions:
             manifests = dict(v.manifests) if v else {}
             manifests[shard.key] = manifest
             self.commit_hook(model, version, shard.group, {k: x.to_wire() for k, x in manifests.items()})
+        if home is not None:
+            self.record_home(model, home)  # journaled first (home_hook), like the commit
         # -- validated (and journaled if committing): mutate
         if m is None:
             m = self.models[model] = ModelRec(model)

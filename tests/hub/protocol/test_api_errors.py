@@ -126,7 +126,7 @@ def test_every_op_refuses_each_wrong_typed_argument(hub, joined, op, caplog):
             "worker_id": "w", "role": "worker", "follow": False, "group": ["g", 1], "into_spec": [],
             "handoff": False, "base": 0, "origin": False, "have_manifests": [], "explain": False,
             "manifest_digest": "0" * 32, "done": [], "release_deltas": [], "gone": [], "at_least": 1, "timeout_s": 0,
-            "transform": "bf16", "params": {}, "key": "k", "value": 1, "relay": True}
+            "transform": "bf16", "params": {}, "key": "k", "value": 1, "relay": True, "home": "h"}
     state = hub.server.state
     before = (sorted(state.workers), sorted(state.replicas), sorted(state.fetches))
     for arg in SPECS[op]:

@@ -48,7 +48,7 @@ PLAUSIBLE = {  # per argument, values that pass its check, so frames reach the s
     "endpoint": st.just({"tcp": "127.0.0.1:1", "reader_key": b"k" * 32}), "group": st.just(["g", 1]),
     "into_spec": st.just([]), "base": st.integers(0, 4), "worker_id": st.just("w9.9"),
     "role": st.sampled_from(["worker", "seed", "x"]), "have_manifests": st.sampled_from([[], ["0" * 32]]),
-    "explain": st.booleans(), "relay": st.booleans(), "manifest_digest": st.just("0" * 32), "done": st.sampled_from([[], ["f1"]]),
+    "explain": st.booleans(), "relay": st.booleans(), "home": st.sampled_from([None, "h0"]), "manifest_digest": st.just("0" * 32), "done": st.sampled_from([[], ["f1"]]),
     "release_deltas": st.sampled_from([[], [1]]), "gone": st.sampled_from([[], ["w1.1:policy:1:tp0-pp0:live"]]), "at_least": st.integers(0, 4),
     "timeout_s": st.sampled_from([0, 0.05]), "transform": st.sampled_from(["bf16", "int8", "delta"]),
     "params": st.sampled_from([None, {}, {"revision": 1}]), "key": st.just("k"), "value": st.just([1.5])}
