@@ -26,7 +26,6 @@ def test_grpo_real_two_steps_moves_weights_only_through_the_hub(tmp_path):
     run = tmp_path / "run"
     env = {**os.environ, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
     cmd = [sys.executable, "-m", "rlsync.train", "+recipe=grpo_real", "steps=2", "sync.inflight=true", "eval.prompts=8", "eval.every=2",
-           "rollout.prompts_per_step=2", "rollout.group_size=4",  # 8 samples a step, not 32: the same paths, a quarter of the training
            f"hydra.run.dir={run}", "progress=false", "logging.wandb.enabled=false", "checkpoint.enabled=false"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1400)
     assert proc.returncode == 0, proc.stderr[-3000:]
