@@ -3,6 +3,7 @@
     python -m rlsync.bench cost [--steps 250] [--seeds 0 1] [--target 0.9] [--device-s 0.25] [--per-call 8]
                                 [--sim-steps 200] [--out DIR] [--json F]
     python -m rlsync.bench cost --merge F1 F2 [--json F]     # seeds run in separate invocations, as one result
+    python -m rlsync.bench cost --out DIR --reuse [...]     # price the runs kept in DIR again, run the missing
 
 Two parts, one JSON (keys `tokens_per_dollar_ratio_spot_vs_on_demand`, `reward_per_dollar_ratio_spot_vs_on_demand`
 are the emulated run's medians over seeds at equal reward; `sim*` hold the paper-scale ones):
@@ -15,8 +16,8 @@ are the emulated run's medians over seeds at equal reward; `sim*` hold the paper
   Tokens = samples trained x 5 (the `reverse` task's answer, 4 symbols + eos).
   **Equal final reward**, measured: each run is priced up to the first step whose trailing 10-step mean reward
   reaches `--target` (the same reward on both sides): tokens/$ up to it, and reward/$ at it, i.e. the dollars
-  the on-demand run spent to reach it over the spot run's. The whole run (both plateau near 0.98 by ~220 steps)
-  is priced too, with its final reward (last-10 mean) side by side. Each figure per seed, then median, min, max.
+  the on-demand run spent to reach it over the spot run's. The whole run is priced too, with its final reward
+  (last-10 mean) side by side. Each figure per seed, then median, min, max.
   Both runs share this machine's 2 cores, where a worker more brings no cores as a spot instance brings its
   accelerator. **Emulated accelerator** (`--device-s D`, the assumption docs/elastic.md states): each rollout
   worker is modelled as its own device, every rollout call (the same `--per-call` prompts x group_size samples in
@@ -54,6 +55,20 @@ def _pool(size: int, policy: str, seed: int, steps: int) -> list[str]:
             f"pools.spot.churn.seed={seed}", "pools.spot.churn.preemptions=2", "pools.spot.churn.joins=2",
             "pools.spot.churn.notice_fraction=0.5", f"pools.spot.churn.first_step={steps // 10}",
             f"pools.spot.churn.last_step={steps * 3 // 4}"]
+
+
+def _kept(run_dir: str, steps: int, seed: int, device_s: float, per_call: int) -> list[dict] | None:
+    """A kept run's rows (`--reuse`) if its config is this one's, else None (it is run)."""
+    try:
+        with open(os.path.join(run_dir, "config.json")) as f:
+            c = json.load(f)
+        with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+            rows = [json.loads(line) for line in f]
+    except FileNotFoundError:
+        return None
+    same = (c["steps"], c["seed"], c["inject"]["generate_delay_s"], c["rollout"]["prompts_per_request"]) == \
+        (steps, seed, device_s, per_call)
+    return rows if same and len(rows) == steps else None
 
 
 def _train(run_dir: str, steps: int, seed: int, device: list[str], overrides: list[str]) -> tuple[list[dict], float]:
@@ -140,7 +155,7 @@ def simulate(res: dict, sim_steps: int) -> None:
 
 
 def run(steps: int, seeds: list[int], sim_steps: int, device_s: float, per_call: int, target: float,
-        out: str | None) -> dict:
+        out: str | None, reuse: bool = False) -> dict:
     from rlsync.sim.cost import PriceModel
 
     price = PriceModel()
@@ -154,12 +169,13 @@ def run(steps: int, seeds: list[int], sim_steps: int, device_s: float, per_call:
     with tempfile.TemporaryDirectory(prefix="rlsync-cost-") as tmp:
         for seed in seeds:
             base, r = os.path.join(out or tmp, f"seed_{seed}"), {"seed": seed, "load_before": os.getloadavg()}
-            rows, r["on_demand_run_s"] = _train(os.path.join(base, "od"), steps, seed, device,
-                                                _pool(1, "fixed", seed, steps))
-            r["on_demand"] = price_run(rows, "main", od, od, samples_per_step, target)
-            rows, r["spot_run_s"] = _train(os.path.join(base, "spot"), steps, seed, device,
-                                           _pool(n_spot, "spot", seed, steps))
-            r["spot"] = price_run(rows, "spot", spot, od, samples_per_step, target)
+            for name, pool, size, policy, price_w in (("on_demand", "main", 1, "fixed", od),
+                                                      ("spot", "spot", n_spot, "spot", spot)):
+                d = os.path.join(base, "od" if pool == "main" else "spot")
+                rows, r[f"{name}_run_s"] = (_kept(d, steps, seed, device_s, per_call) if reuse else None), None
+                if rows is None:
+                    rows, r[f"{name}_run_s"] = _train(d, steps, seed, device, _pool(size, policy, seed, steps))
+                r[name] = price_run(rows, pool, price_w, od, samples_per_step, target)
             r["load_after"], r["ratios"] = os.getloadavg(), seed_ratios(r["on_demand"], r["spot"])
             res["per_seed"].append(r)
     res["load_after"] = os.getloadavg()
@@ -195,7 +211,7 @@ def _spread(x: dict | None, f: str = "{:.2f}") -> str:
 @register_scenario("cost")
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m rlsync.bench cost", description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=250, help="steps of each emulated run (both plateau by ~220)")
+    p.add_argument("--steps", type=int, default=250, help="steps of each emulated run (see --target)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="run seeds and churn seeds")
     p.add_argument("--target", type=float, default=0.9, help="the equal reward: a trailing 10-step mean")
     p.add_argument("--per-call", type=int, default=8, help="prompts per rollout call, both runs (32 per step)")
@@ -203,11 +219,13 @@ def main(argv: list[str]) -> int:
                    help="emulated accelerator seconds per rollout call, each worker its own (0: none; docstring)")
     p.add_argument("--sim-steps", type=int, default=200, help="steps of the paper-scale simulated job")
     p.add_argument("--out", help="keep the run dirs here (OUT/seed_S/od, OUT/seed_S/spot); default: removed")
+    p.add_argument("--reuse", action="store_true",
+                   help="price runs kept in --out with the same settings again (another --target) instead of running")
     p.add_argument("--merge", nargs="+", metavar="F", help="combine earlier --json files' seeds; runs nothing")
     p.add_argument("--json", help="write every figure here")
     a = p.parse_args(argv)
     res = merge(a.merge, a.sim_steps) if a.merge else run(a.steps, a.seeds, a.sim_steps, a.device_s, a.per_call,
-                                                          a.target, a.out)
+                                                          a.target, a.out, a.reuse)
     print("| seed | pool | wall s | cost | tokens/$ | final reward | step at target | $ to target |\n"  # CLI output
           "|---|---|---|---|---|---|---|---|")
     for r in res["per_seed"]:

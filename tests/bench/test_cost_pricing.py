@@ -39,3 +39,15 @@ def test_equal_final_reward_is_priced_up_to_the_first_step_whose_10_step_mean_re
     assert s["seeds_reached_target"] == 1 and s["tokens_per_dollar_at_target"]["values"] == [r["tokens_per_dollar_at_target"]]
     assert s["reward_per_dollar_ratio_spot_vs_on_demand"] == r["dollars_to_target_on_demand_over_spot"]
     assert s["final_reward_difference"]["min"] == -0.7  # the seed that missed still shows its plateau's gap
+
+
+def test_a_kept_run_is_priced_again_only_if_it_was_run_with_the_same_settings(tmp_path):
+    import json
+
+    from rlsync.bench.cost import _kept
+    cfg = {"steps": 2, "seed": 1, "inject": {"generate_delay_s": 0.25}, "rollout": {"prompts_per_request": 8}}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": i}) + "\n" for i in (1, 2)))
+    assert _kept(str(tmp_path), 2, 1, 0.25, 8) == [{"step": 1}, {"step": 2}]
+    assert _kept(str(tmp_path), 2, 1, 0.0, 8) is None  # another device time: run again, not priced as this one
+    assert _kept(str(tmp_path), 3, 1, 0.25, 8) is None and _kept(str(tmp_path / "none"), 2, 1, 0.25, 8) is None
