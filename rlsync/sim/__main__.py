@@ -93,8 +93,10 @@ def _cost(a) -> int:
     res = C.compare(price, job)
     res["sweep"], res["balance"] = C.sweep(price, job), C.balance_sweep(price, job)
     print(f"{res['engines_on_demand']} on-demand engines vs {res['engines_spot']} spot (equal cost per hour): "
-          f"tokens/$ and reward/$ spot/on-demand, cold joiners {res['tokens_per_dollar_ratio_spot_cold_vs_on_demand']:.3f}, "
-          f"warm {res['tokens_per_dollar_ratio_spot_warm_vs_on_demand']:.3f}")
+          f"spot/on-demand tokens/$ (reward/$ at equal final reward, spot_steps_factor {job.spot_steps_factor}), cold "
+          f"joiners {res['tokens_per_dollar_ratio_spot_cold_vs_on_demand']:.3f} "
+          f"({res['reward_per_dollar_ratio_spot_cold_vs_on_demand']:.3f}), warm "
+          f"{res['tokens_per_dollar_ratio_spot_warm_vs_on_demand']:.3f} ({res['reward_per_dollar_ratio_spot_warm_vs_on_demand']:.3f})")
     for row in res["sweep"]:
         print(f"  preempt/h {row['preempt_per_h']}, notice {row['notice_fraction']}: cold {row['cold']}, warm {row['warm']}, "
               f"availability {row['availability_warm']}")

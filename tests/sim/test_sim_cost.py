@@ -31,3 +31,15 @@ def test_a_trainer_bound_job_gains_nothing_from_more_engines():
     rows = balance_sweep(replace(PriceModel(), preempt_per_h=0.0), JOB)
     assert [r["gen_over_train_on_demand"] for r in rows][:2] == [0.5, 1.0]
     assert all(abs(r["warm"] - 1.0) < 0.05 for r in rows[:2]) and rows[-1]["warm"] > 2.5
+
+
+def test_a_spot_side_that_needs_more_steps_to_the_same_reward_pays_for_them_in_reward_per_dollar():
+    calm = replace(PriceModel(), preempt_per_h=0.0, spot_fraction=0.5)
+    equal, slower = compare(calm, JOB), compare(calm, replace(JOB, spot_steps_factor=1.5))
+    assert equal["reward_per_dollar_ratio_spot_warm_vs_on_demand"] == equal["tokens_per_dollar_ratio_spot_warm_vs_on_demand"]
+    assert slower["spot_warm"]["steps"] == 30 and slower["on_demand"] == equal["on_demand"]
+    # the tokens trained per dollar barely move; the dollars to reach the on-demand side's reward grow ~1.5x
+    assert abs(slower["tokens_per_dollar_ratio_spot_warm_vs_on_demand"]
+               - equal["tokens_per_dollar_ratio_spot_warm_vs_on_demand"]) < 0.1
+    ratio = equal["reward_per_dollar_ratio_spot_warm_vs_on_demand"] / slower["reward_per_dollar_ratio_spot_warm_vs_on_demand"]
+    assert 1.35 < ratio < 1.6
