@@ -163,6 +163,9 @@ class VllmEngine:
         self.model_dir = config.model_dir or prepare_smollm2()
         self.start_variant = checkpoint_variant(self.model_dir)  # `int8`: loaded in that variant's layout
         check_tensor_parallel(self.model_dir, config)  # before any process starts or weight moves
+        from .engine_cache import use_engine_compile_cache
+
+        use_engine_compile_cache()  # vLLM's compiled sampler kernel: under the cache root a joiner takes from peers
         tp = config.tensor_parallel_size
         if tp == 1:
             _vllm_env(config.kv_cache_gib, config.threads)
