@@ -30,6 +30,7 @@ Simplifies: the `LLM` offline API, batch by batch.
 """
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import threading
@@ -183,6 +184,7 @@ class VllmEngine:
             extra["skip_tokenizer_init"] = True
         from vllm import LLM
 
+        gc.freeze()  # vLLM's start-up runs full collections; the imported modules' objects need no traversal
         t0 = time.monotonic()
         self.llm = LLM(model=self.model_dir, dtype=config.dtype, enforce_eager=True, seed=config.seed,
                        max_model_len=config.max_model_len, logprobs_mode="processed_logprobs",
