@@ -58,6 +58,19 @@ class _VllmTimings(logging.Handler):
             self.parts["inspect_cache_hit"] = True
 
 
+def own_vllm_logging(handler: logging.Handler) -> None:
+    """Before vLLM is imported: this process owns the `vllm` logger (VLLM_CONFIGURE_LOGGING=0, module docstring);
+    `handler` gets vLLM's INFO records (and the registry's DEBUG one), its warnings still reach stderr."""
+    os.environ["VLLM_CONFIGURE_LOGGING"] = "0"
+    vllm_log = logging.getLogger("vllm")
+    vllm_log.setLevel(logging.INFO)
+    vllm_log.addHandler(handler)
+    warnings_out = logging.StreamHandler(sys.stderr)
+    warnings_out.setLevel(logging.WARNING)
+    vllm_log.addHandler(warnings_out)
+    logging.getLogger(_REGISTRY_LOGGER).setLevel(logging.DEBUG)  # its inspection timing is a DEBUG record
+
+
 def main(mode: str, address: str, model_dir: str) -> None:
     t0 = time.monotonic()
     phases: dict[str, float] = {}
@@ -70,21 +83,14 @@ def main(mode: str, address: str, model_dir: str) -> None:
         last[0] = now
 
     home_before = sorted(_files(os.path.expanduser("~")))
-    os.environ["VLLM_CONFIGURE_LOGGING"] = "0"  # this process owns the `vllm` logger (module docstring)
+    timings = _VllmTimings()
+    own_vllm_logging(timings)
     import vllm  # noqa: F401 - every joiner pays it; timed here, not inside the next phase
     from rlsync.hub import HubClient, Location
     from rlsync.rollout.vllm import engine_cache
     from rlsync.rollout.vllm.engine import VllmEngine
     from rlsync.rollout.vllm.stage import HubWeightStage
     lap("import_s")
-    timings = _VllmTimings()
-    vllm_log = logging.getLogger("vllm")
-    vllm_log.setLevel(logging.INFO)  # INFO+ reach the timings; vLLM's warnings still reach stderr
-    vllm_log.addHandler(timings)
-    warnings_out = logging.StreamHandler(sys.stderr)
-    warnings_out.setLevel(logging.WARNING)
-    vllm_log.addHandler(warnings_out)
-    logging.getLogger(_REGISTRY_LOGGER).setLevel(logging.DEBUG)  # its inspection timing is a DEBUG record
     hub = HubClient(address, token=os.environ["RLSYNC_HUB_TOKEN"])
     hub.join(Location(host=f"spot-{mode}"), name=f"spot-{mode}")
     cfg = VllmEngine.Config(model_dir=model_dir, max_new_tokens=8, do_sample=False,
@@ -95,6 +101,7 @@ def main(mode: str, address: str, model_dir: str) -> None:
     cache_before = sorted(_files(root))
     lap("cache_fetch_s")
     timings.t0 = time.monotonic()
+    timings.timeline.clear()  # the engine start only (import-time records would take its slots)
     engine = VllmEngine(cfg)
     lap("engine_start_s")
     stats = HubWeightStage(hub, engine, "policy").update("latest")
