@@ -120,7 +120,8 @@ def run(rounds: int) -> dict:
             "cold_started_empty": all(not r["cold"]["home_before"] and not r["cold"]["cache_root_before"] for r in per),
             "warm_started_with_artifact_only": all(not r["warm"]["home_before"] and r["warm"]["cache_root_before"]
                                                    == sorted(r["warm"]["cache_files"]) for r in per),
-            "compile_cache_in_home": all((r[m]["inductor_dir"] or "").startswith(r[m]["home"]) for r in per for m in ("cold", "warm")),
+            "compile_cache_in_home": all((r[m]["inductor_dir"] or "").startswith(r[m]["home"])
+                                         for r in per for m in ("cold", "warm")),
             "cold_compiled": all(r["cold"]["compile_cache"].get("fxgraph_cache_miss", 0) > 0 for r in per),
             "warm_compile_cache_hit": all(r["warm"]["compile_cache"].get("fxgraph_cache_hit", 0) > 0
                                           and not r["warm"]["compile_cache"].get("fxgraph_cache_miss") for r in per),
