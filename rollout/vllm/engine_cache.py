@@ -45,8 +45,13 @@ def cache_root() -> str:
 
 def use_engine_compile_cache() -> str:
     """Point torch's inductor cache (TORCHINDUCTOR_CACHE_DIR) at `inductor/` under vLLM's cache root, unless this
-    process chose one already, so the kernels vLLM compiles travel in the artifact. Returns the directory used."""
-    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    process chose another one, so the kernels vLLM compiles travel in the artifact. Returns the directory used.
+    torch writes its own default (/tmp/torchinductor_<user>) into the environment when torch._dynamo is imported
+    (`import vllm` does), so that value counts as not chosen."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if chosen is None or os.path.abspath(chosen) == os.path.abspath(default_cache_dir()):
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache_root(), "inductor")
     return os.environ["TORCHINDUCTOR_CACHE_DIR"]
 

@@ -122,6 +122,11 @@ def test_the_compile_cache_lives_under_the_engine_cache_root_unless_the_process_
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     assert EC.use_engine_compile_cache() == str(tmp_path / "vllm" / "inductor")
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "vllm" / "inductor")
+    # torch writes its default there when torch._dynamo is imported (`import vllm` does): not a choice
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+    assert EC.use_engine_compile_cache() == str(tmp_path / "vllm" / "inductor")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
     assert EC.use_engine_compile_cache() == str(tmp_path / "mine")
 
