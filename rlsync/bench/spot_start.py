@@ -6,7 +6,8 @@ One embedded hub; a peer in this process holds `policy` v1 (SmolLM2-135M's fp32 
 staging replica holds). Each round spawns, one after the other (one vLLM engine at a time), two joiner
 processes (rlsync/bench/_spot_child.py), each with an empty $HOME of its own and no cache-dir overrides, so
 every per-user cache starts empty, as on a fresh spot machine (vLLM's is ~/.cache/vllm; with eager execution
-it holds only `modelinfos/`, the result of a model-inspection subprocess that imports vLLM afresh):
+it holds `modelinfos/`, the result of a model-inspection subprocess that imports vLLM afresh, and `inductor/`,
+torch's compile cache, which the engine keeps there: the sampler kernel vLLM compiles on the first generate):
 
 - cold (today's joiner): vLLM reads the checkpoint from disk and makes its own start-up cache, then the engine
   takes `latest` from the peer and generates; afterwards it publishes its cache as a hub artifact and serves it;
