@@ -11,7 +11,9 @@ warm: the engine takes the cache artifact from the peer that made it, starts wit
 (config and tokenizer only: no weights there), takes `latest` from peers and generates.
 Each writes one JSON line per event to stdout: {"event": "first_rollout", phases...}, then (cold) {"event": "published"}.
 `engine_parts` splits the engine start by vLLM's own log records: the model-class inspection (`inspect_s`,
-and whether its cache hit), the model load, the engine's profile/KV-cache/warm-up.
+and whether its cache hit), the model load, the engine's profile/KV-cache/warm-up. The child runs with
+VLLM_CONFIGURE_LOGGING=0 and owns the `vllm` logger: vLLM's own dictConfig (applied inside `LLM()`) clears the
+handlers of every existing `vllm.*` logger, so handlers attached before it never saw a record.
 """
 from __future__ import annotations
 
@@ -26,11 +28,10 @@ PROMPT = [1, 504, 3458, 314, 253, 1234]
 _TIMED = {"inspect_s": re.compile(r"Registry inspect model class: Elapsed time ([\d.]+)"),
           "weights_read_s": re.compile(r"Loading weights took ([\d.]+) seconds"),
           "model_load_s": re.compile(r"Model loading took \S+ GiB memory and ([\d.]+) seconds"),
+          "model_init_s": re.compile(r"Initializing model took ([\d.]+) seconds"),
           "init_engine_s": re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+)")}
 
-_LOGGERS = ("vllm.model_executor.models.registry", "vllm.model_executor.model_loader.default_loader",
-            "vllm.config.model", "vllm.v1.worker.cpu_model_runner", "vllm.v1.worker.cpu_worker",
-            "vllm.v1.worker.gpu_model_runner", "vllm.v1.engine.core", "vllm.entrypoints.llm")
+_REGISTRY_LOGGER = "vllm.model_executor.models.registry"
 
 
 class _VllmTimings(logging.Handler):
@@ -57,6 +58,19 @@ class _VllmTimings(logging.Handler):
             self.parts["inspect_cache_hit"] = True
 
 
+def own_vllm_logging(handler: logging.Handler) -> None:
+    """Before vLLM is imported: this process owns the `vllm` logger (VLLM_CONFIGURE_LOGGING=0, module docstring);
+    `handler` gets vLLM's INFO records (and the registry's DEBUG one), its warnings still reach stderr."""
+    os.environ["VLLM_CONFIGURE_LOGGING"] = "0"
+    vllm_log = logging.getLogger("vllm")
+    vllm_log.setLevel(logging.INFO)
+    vllm_log.addHandler(handler)
+    warnings_out = logging.StreamHandler(sys.stderr)
+    warnings_out.setLevel(logging.WARNING)
+    vllm_log.addHandler(warnings_out)
+    logging.getLogger(_REGISTRY_LOGGER).setLevel(logging.DEBUG)  # its inspection timing is a DEBUG record
+
+
 def main(mode: str, address: str, model_dir: str) -> None:
     t0 = time.monotonic()
     phases: dict[str, float] = {}
@@ -69,16 +83,14 @@ def main(mode: str, address: str, model_dir: str) -> None:
         last[0] = now
 
     home_before = sorted(_files(os.path.expanduser("~")))
+    timings = _VllmTimings()
+    own_vllm_logging(timings)
     import vllm  # noqa: F401 - every joiner pays it; timed here, not inside the next phase
     from rlsync.hub import HubClient, Location
     from rlsync.rollout.vllm import engine_cache
     from rlsync.rollout.vllm.engine import VllmEngine
     from rlsync.rollout.vllm.stage import HubWeightStage
     lap("import_s")
-    timings = _VllmTimings()  # on the loggers that emit them: vLLM's dictConfig re-sets its "vllm" logger's handlers
-    logging.getLogger(_LOGGERS[0]).setLevel(logging.DEBUG)  # DEBUG reaches this handler only (vLLM prints INFO+)
-    for name in _LOGGERS:
-        logging.getLogger(name).addHandler(timings)
     hub = HubClient(address, token=os.environ["RLSYNC_HUB_TOKEN"])
     hub.join(Location(host=f"spot-{mode}"), name=f"spot-{mode}")
     cfg = VllmEngine.Config(model_dir=model_dir, max_new_tokens=8, do_sample=False,
@@ -89,17 +101,20 @@ def main(mode: str, address: str, model_dir: str) -> None:
     cache_before = sorted(_files(root))
     lap("cache_fetch_s")
     timings.t0 = time.monotonic()
+    timings.timeline.clear()  # the engine start only (import-time records would take its slots)
     engine = VllmEngine(cfg)
     lap("engine_start_s")
     stats = HubWeightStage(hub, engine, "policy").update("latest")
     lap("weights_from_peers_s")
     out = engine.generate([PROMPT] * 4)
     lap("first_rollout_s")
+    compiles = _compile_counters()
     print(json.dumps({"event": "first_rollout", "mode": mode, "phases": phases, "version": out.version,
                       "tokens": out.response_ids[0], "cache_files": files, "fetch_s": round(stats.fetch_s, 3),
                       "apply_s": round(stats.apply_s, 3), "engine_parts": timings.parts, "cache_root": root,
-                      "engine_timeline": timings.timeline,
-                      "home_before": home_before, "cache_root_before": cache_before,
+                      "engine_timeline": timings.timeline, "compile_cache": compiles,
+                      "inductor_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
+                      "home": os.path.expanduser("~"), "home_before": home_before, "cache_root_before": cache_before,
                       "cache_root_files": sorted(_files(root)),
                       "home_after": sorted(_files(os.path.expanduser("~")))}), flush=True)
     if mode == "cold":
@@ -109,6 +124,14 @@ def main(mode: str, address: str, model_dir: str) -> None:
                           "bytes": sum(t.numel() for t in held.values()) if held else 0}), flush=True)
         sys.stdin.read()  # serve the artifact until the bench is done with it
     hub.leave()
+
+
+def _compile_counters() -> dict:
+    """torch's compile-cache counters so far: whether the kernel vLLM compiles on the first `generate` came from
+    the inductor cache (`fxgraph_cache_hit`) or was compiled here (`fxgraph_cache_miss`)."""
+    from torch._dynamo.utils import counters
+
+    return {k: v for group in ("inductor", "aot_autograd") for k, v in counters[group].items() if "cache" in k}
 
 
 def _files(root: str) -> list[str]:

@@ -6,7 +6,8 @@ One embedded hub; a peer in this process holds `policy` v1 (SmolLM2-135M's fp32 
 staging replica holds). Each round spawns, one after the other (one vLLM engine at a time), two joiner
 processes (rlsync/bench/_spot_child.py), each with an empty $HOME of its own and no cache-dir overrides, so
 every per-user cache starts empty, as on a fresh spot machine (vLLM's is ~/.cache/vllm; with eager execution
-it holds only `modelinfos/`, the result of a model-inspection subprocess that imports vLLM afresh):
+it holds `modelinfos/`, the result of a model-inspection subprocess that imports vLLM afresh, and `inductor/`,
+torch's compile cache, which the engine keeps there: the sampler kernel vLLM compiles on the first generate):
 
 - cold (today's joiner): vLLM reads the checkpoint from disk and makes its own start-up cache, then the engine
   takes `latest` from the peer and generates; afterwards it publishes its cache as a hub artifact and serves it;
@@ -120,6 +121,11 @@ def run(rounds: int) -> dict:
             "cold_started_empty": all(not r["cold"]["home_before"] and not r["cold"]["cache_root_before"] for r in per),
             "warm_started_with_artifact_only": all(not r["warm"]["home_before"] and r["warm"]["cache_root_before"]
                                                    == sorted(r["warm"]["cache_files"]) for r in per),
+            "compile_cache_in_home": all((r[m]["inductor_dir"] or "").startswith(r[m]["home"])
+                                         for r in per for m in ("cold", "warm")),
+            "cold_compiled": all(r["cold"]["compile_cache"].get("fxgraph_cache_miss", 0) > 0 for r in per),
+            "warm_compile_cache_hit": all(r["warm"]["compile_cache"].get("fxgraph_cache_hit", 0) > 0
+                                          and not r["warm"]["compile_cache"].get("fxgraph_cache_miss") for r in per),
             "cold_home_writes": per[0]["cold"]["home_after"],
             "cache_artifact_bytes": per[0]["cold"]["artifact"]["bytes"]}
 
@@ -135,6 +141,10 @@ def _table(res: dict) -> str:
     for i, r in enumerate(res["rounds"]):
         rows.append(f"round {i} engine start in parts (vLLM's own log): cold {r['cold']['engine_parts']}, "
                     f"warm {r['warm']['engine_parts']}")
+        rows.append(f"round {i} torch compile cache (the sampler kernel vLLM compiles on the first generate): "
+                    f"cold {r['cold']['compile_cache']}, warm {r['warm']['compile_cache']}")
+    rows.append(f"compile cache under each joiner's own home: {res['compile_cache_in_home']}; cold compiled: "
+                f"{res['cold_compiled']}; warm hit the artifact's: {res['warm_compile_cache_hit']}")
     rows.append(f"cold joiners started with an empty home: {res['cold_started_empty']}; warm ones with only the "
                 f"artifact: {res['warm_started_with_artifact_only']}; a cold start wrote {res['cold_home_writes']}")
     rows.append(f"\nttfr_ratio_warm_vs_cold {res['ttfr_ratio_warm_vs_cold']} (median); warm tokens == cold tokens: "

@@ -30,6 +30,7 @@ Simplifies: the `LLM` offline API, batch by batch.
 """
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import threading
@@ -163,6 +164,9 @@ class VllmEngine:
         self.model_dir = config.model_dir or prepare_smollm2()
         self.start_variant = checkpoint_variant(self.model_dir)  # `int8`: loaded in that variant's layout
         check_tensor_parallel(self.model_dir, config)  # before any process starts or weight moves
+        from .engine_cache import use_engine_compile_cache
+
+        use_engine_compile_cache()  # vLLM's compiled sampler kernel: under the cache root a joiner takes from peers
         tp = config.tensor_parallel_size
         if tp == 1:
             _vllm_env(config.kv_cache_gib, config.threads)
@@ -180,6 +184,7 @@ class VllmEngine:
             extra["skip_tokenizer_init"] = True
         from vllm import LLM
 
+        gc.freeze()  # vLLM's start-up runs full collections; the imported modules' objects need no traversal
         t0 = time.monotonic()
         self.llm = LLM(model=self.model_dir, dtype=config.dtype, enforce_eager=True, seed=config.seed,
                        max_model_len=config.max_model_len, logprobs_mode="processed_logprobs",

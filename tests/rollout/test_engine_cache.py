@@ -112,3 +112,34 @@ def test_a_weightless_dir_keeps_config_and_tokenizer_and_no_weights(tmp_path):
                                "model.safetensors": b"w" * 64, "rlsync-ready": b""})
     out = weightless_dir(str(tmp_path / "model"), str(tmp_path / "bare"))
     assert sorted(os.listdir(out)) == ["chat_template.jinja", "config.json", "tokenizer.json"]
+
+
+def test_the_compile_cache_lives_under_the_engine_cache_root_unless_the_process_chose_one(tmp_path, monkeypatch):
+    # vLLM compiles its sampler's log-prob kernel with inductor even when eager; torch's default cache is the
+    # machine's /tmp, which the artifact (the cache root's files) never carried
+    pytest.importorskip("vllm", reason="vLLM is installed by scripts/run (RLSYNC_VLLM=none skips it)")
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm"))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    assert EC.use_engine_compile_cache() == str(tmp_path / "vllm" / "inductor")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "vllm" / "inductor")
+    # torch writes its default there when torch._dynamo is imported (`import vllm` does): not a choice
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+    assert EC.use_engine_compile_cache() == str(tmp_path / "vllm" / "inductor")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    assert EC.use_engine_compile_cache() == str(tmp_path / "mine")
+
+
+def test_the_key_names_the_cpu_instruction_set_the_compiled_kernels_use(tmp_path, monkeypatch):
+    pytest.importorskip("vllm", reason="vLLM is installed by scripts/run (RLSYNC_VLLM=none skips it)")
+    from rlsync.rollout.vllm.engine import VllmEngine
+
+    (tmp_path / "config.json").write_text("{}")
+    cfg = VllmEngine.Config(model_dir=str(tmp_path))
+    here = EC.cache_key(str(tmp_path), cfg)
+    assert EC.cache_key(str(tmp_path), cfg) == here
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    avx2 = EC.cache_key(str(tmp_path), cfg)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    assert avx2 != EC.cache_key(str(tmp_path), cfg)
