@@ -26,7 +26,7 @@ print(json.dumps(timings.parts))
 
 @pytest.mark.skipif(not os.environ.get("RLSYNC_SLOW_TESTS"), reason="a process importing vLLM (~13 s) for a bench's "
                     "instrumentation does not fit the suite's 15-minute budget; run it with RLSYNC_SLOW_TESTS=1 "
-                    "(`bench spot_start` checks the same at every run: its `engine_parts`)")
+                    "(`bench spot_start` shows the same at every run: its `engine_parts` come out empty if this breaks)")
 def test_vllm_records_reach_the_joiners_timings_after_vllm_configures_its_logging():
     out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
