@@ -6,7 +6,7 @@ the seeded delay and kills it. Every child line's arrival time is kept, so a tri
 (`split`): `spare_wait` (the spare's imports not done yet), `engine_start` ("go" -> started: join, the start-up
 cache, vLLM's engine set-up with dummy weights), `first_fetch`, `first_apply_check` (apply + the receiver's
 checks), `first_generate`, `to_kill_phase` (waiting for the trainer's next version, then to the phase), `delay`
-and `reap` (SIGKILL -> the process gone).
+and `reap` (SIGKILL -> the process gone); `start_parts` splits `engine_start` by the child's own clock.
 
 Rejoin within one version: `versions_behind` = the trainer's latest version when the restarted engine's first
 sample (of a verified apply) arrives, minus that sample's version; the rejoin holds when it is <= 1.
@@ -99,6 +99,7 @@ def engine_trial(rng, spares: Spares, trainer) -> dict:
             last = ev or last
             if ev.get("started"):
                 marks["started"] = now
+                out["start_parts"] = ev.get("parts", {})  # the child's own clock: join, cache, engine, warm-up
                 out["restart_s"] = round(now - marks["t0"], 2)
                 spares.refill()
             if first_sample is None and ev.get("phase") in ("fetch", "apply", "generate"):

@@ -154,6 +154,9 @@ def run(seeds: list[int], budget_s: float, step_s: float, kill: str = "engine", 
                 t = engine_trial(rng, spares, trainer) if victim is None else hub_trial(rng, hub, victim, trainer)
                 t.update(seed=seed, index=index)
                 trials.append(t)
+                if victim is None and len(trials) >= 3 and not any("restart_s" in x for x in trials[-3:]):
+                    raise RuntimeError("3 engine processes in a row died before they started: the bench's set-up "
+                                       "is broken (run the child by hand), not a chaos outcome")
                 index += 1
                 log.info("trial %d: %s", len(trials), t)
             budget_hit |= bool(trials_per_seed) and index < first_trial + trials_per_seed
@@ -186,10 +189,11 @@ def _median(trials: list[dict], key: str):
     return statistics.median(vals) if vals else None
 
 
-def split_medians(trials: list[dict]) -> dict:
-    """Median seconds of each part of an engine-kill trial (`split`, rlsync/bench/_chaos_vllm_engine.py)."""
-    parts = {p for t in trials for p in t.get("split", {})}
-    return {p: statistics.median(t["split"][p] for t in trials if p in t.get("split", {})) for p in sorted(parts)}
+def split_medians(trials: list[dict], key: str = "split") -> dict:
+    """Median seconds of each part of an engine-kill trial (`split`, or `start_parts`: the engine start's own
+    parts; rlsync/bench/_chaos_vllm_engine.py)."""
+    parts = {p for t in trials for p in t.get(key, {})}
+    return {p: statistics.median(t[key][p] for t in trials if p in t.get(key, {})) for p in sorted(parts)}
 
 
 def _engine_figures(trials: list[dict], spare: bool) -> dict:
@@ -199,7 +203,7 @@ def _engine_figures(trials: list[dict], spare: bool) -> dict:
             "samples_trained": sum(t["samples"] for t in trials), "spare": spare,
             "restart_s": _median(trials, "restart_s"), "spare_wait_s": _median(trials, "spare_wait_s"),
             "engine_died_unkilled": sum(t["exit"] != -signal.SIGKILL and not t["hung"] for t in trials),
-            "split_s": split_medians(trials)}
+            "split_s": split_medians(trials), "start_parts_s": split_medians(trials, "start_parts")}
 
 
 def _hub_figures(trials: list[dict], victim) -> dict:

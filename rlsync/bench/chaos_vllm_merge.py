@@ -68,7 +68,7 @@ def merge(chunks: list[dict]) -> dict:
     res["wall_s"] = round(sum(c.get("wall_s", 0.0) for c in chunks), 1)
     res["budget_hit_chunks"] = sum(bool(c.get("budget_hit")) for c in chunks)
     if res["kill"] == "engine":
-        res["split_s"] = split_medians(trials)
+        res["split_s"], res["start_parts_s"] = split_medians(trials), split_medians(trials, "start_parts")
         res.update(_stats([t["restart_s"] for t in trials if "restart_s" in t], "restart_s"))
     else:
         res.update(_stats([t["hub_down_s"] for t in trials if "hub_down_s" in t], "hub_down_s"))
