@@ -2,8 +2,8 @@
 
     python -m rlsync.bench._chaos_vllm_child HUB_ADDRESS MODEL_DIR NAME [--spare]   (token in $RLSYNC_HUB_TOKEN)
 
-A warm joiner (dummy weights, start-up cache from the hub when a peer published it, one warm-up generate on the
-dummy weights; {"started": true, "parts": {...}} gives the seconds of each start-up step), then a loop: fetch
+A warm joiner (dummy weights, start-up cache from the hub when a peer published it; {"started": true, "parts":
+{...}} gives the seconds of each start-up step), then a loop: fetch
 `latest` into staging, apply it, check it, generate 2 greedy samples. Before each phase it writes a JSON line
 {"phase": "fetch"|"apply"|"generate", "version": v} so the bench can kill it inside that phase; after an
 apply it writes {"applied": v} only once the version passed the receiver's checks (the stage's unit re-check
@@ -52,9 +52,9 @@ def main(address: str, model_dir: str, name: str, spare: bool = False) -> None:
         sys.stdin.readline()
     parts, t = {}, time.monotonic()
 
-    def part(name: str) -> None:
+    def part(step: str) -> None:
         nonlocal t
-        parts[name], t = round(time.monotonic() - t, 2), time.monotonic()
+        parts[step], t = round(time.monotonic() - t, 2), time.monotonic()
 
     hub = HubClient(address, token=os.environ["RLSYNC_HUB_TOKEN"])
     hub.join(Location(host=name), name=name)
@@ -67,10 +67,6 @@ def main(address: str, model_dir: str, name: str, spare: bool = False) -> None:
     part("engine")
     held = engine_cache.publish_cache(hub, engine_cache.cache_root(), key)  # noqa: F841 - served while alive
     part("cache_publish")
-    # One generate on the dummy weights first: a new engine's first decode pays one-off set-up (~4 s at load 5)
-    # that would otherwise sit between its first verified apply and its first sample. Never announced as a sample.
-    engine.generate([PROMPT] * 2)
-    part("warmup")
     fed = HubFedVllmEngine(engine)
     fed.stage = stage = HubWeightStage(hub, engine, "policy")
     fed.verify_ahead(lambda m, staged, recheck: expected_digests(m, staged, torch.bfloat16, recheck))

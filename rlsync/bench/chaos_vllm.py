@@ -7,11 +7,12 @@ One embedded hub (worker timeout 3 s); in this process a trainer publishing Smol
 version every `--step-s` (release the last version, write, publish: the mutability contract) and another engine's
 weight path (a hub reader taking every version; stands for the other engines, whose vLLM would break the one-engine-
 per-engineer rule of this machine). The victim is a real vLLM engine in its own process
-(rlsync/bench/_chaos_vllm_child.py: a warm joiner looping fetch -> apply -> generate). Each trial
-(rlsync/bench/_chaos_vllm_engine.py): seeded choice of a phase (fetch | apply | generate) and a delay in [0, 0.3] s;
-a new engine process (the spare kept imported and waiting; `--no-spare`: a fresh interpreter) starts, takes a
-version and samples it (the rejoin); when it announces the seeded phase of its next version, the bench waits the
-delay and kills it with SIGKILL. `--kill hub`: the hub runs as its own `serve` process and each trial kills *it*
+(rlsync/bench/_chaos_vllm_child.py: a warm joiner looping fetch -> apply -> generate), started and sampled once
+before the trials. Each trial (rlsync/bench/_chaos_vllm_engine.py): seeded choice of a phase (fetch | apply |
+generate) and a delay in [0, 0.3] s; when the live engine announces that phase of a version it has not sampled,
+the bench waits the delay and kills it with SIGKILL; a new engine process (the spare kept imported and waiting;
+`--no-spare`: a fresh interpreter) starts, and the trial ends at its first sample of a verified version (the
+rejoin); it is the live engine of the next trial. `--kill hub`: the hub runs as its own `serve` process and each trial kills *it*
 while the one engine process fetches or applies, then restarts it on the same address and journal
 (rlsync/bench/_chaos_vllm_hub.py).
 
@@ -24,8 +25,8 @@ raised), `other_engine_failures`, `unverified_samples_trained` (samples taken he
 it announced the verified apply of their version: a sample is trained only after that, so always 0;
 `unverified_samples_offered` counts what the rule dropped), `engine_hangs` (no sample / kill point within the
 trial's limit), `rejoin_versions_behind_max` (the trainer's latest when the restarted engine's first sample
-arrives, minus that sample's version: the rejoin is within one version when <= 1), `restart_s` (taken, spare or
-spawned, to started, p50), `trial_s` (wall per trial, mean), `split_s` (the median of each part of a trial),
+arrives, minus that sample's version: the rejoin is within one version when <= 1), `restart_s` (the killed process
+reaped -> the new one started, p50), `trial_s` (wall per trial, mean), `split_s` (the median of each part of a trial),
 `spare_wait_s` and the kill points actually hit (`killed_in`: where the process was when it died, read from its
 last line). `--kill hub` adds `engine_deaths`, `hub_down_s` (kill -> listening again) and `kill_to_sample_s`
 (kill -> the engine's first sample of the version it was fetching or applying, or a newer one). The load average
@@ -128,7 +129,7 @@ def run(seeds: list[int], budget_s: float, step_s: float, kill: str = "engine", 
     from rlsync.hub import HubConfig, start_embedded_hub
     from rlsync.rollout.vllm.model_dir import prepare_smollm2
 
-    from ._chaos_vllm_engine import Spares, engine_trial
+    from ._chaos_vllm_engine import Live, Spares, engine_trial
     from ._chaos_vllm_hub import HubProcess, Victim, hub_trial
 
     t_start, load_before = time.monotonic(), os.getloadavg()
@@ -144,6 +145,8 @@ def run(seeds: list[int], budget_s: float, step_s: float, kill: str = "engine", 
     victim = Victim(hub.address, hub.token, model_dir) if kill == "hub" else None
     if victim is not None and victim.wait(lambda e: "sample" in e, 0, 600.0) is None:  # started, fetched, generated
         raise RuntimeError("the engine process did not take a first version within 600 s")
+    live = Live.start(spares, trainer) if victim is None else None  # the first engine: no trial, no restart
+    log.info("engine processes' stderr: %s", spares.log_path)
     end, budget_hit = time.monotonic() + budget_s, False
     try:
         for k, seed in enumerate(seeds):
@@ -151,7 +154,10 @@ def run(seeds: list[int], budget_s: float, step_s: float, kill: str = "engine", 
             index = first_trial
             while time.monotonic() < seed_end and (not trials_per_seed or index < first_trial + trials_per_seed):
                 rng = trial_rng(seed, index)
-                t = engine_trial(rng, spares, trainer) if victim is None else hub_trial(rng, hub, victim, trainer)
+                if victim is None:
+                    t, live = engine_trial(rng, spares, trainer, live)
+                else:
+                    t = hub_trial(rng, hub, victim, trainer)
                 t.update(seed=seed, index=index)
                 trials.append(t)
                 if victim is None and len(trials) >= 3 and not any("restart_s" in x for x in trials[-3:]):
@@ -166,6 +172,9 @@ def run(seeds: list[int], budget_s: float, step_s: float, kill: str = "engine", 
         trainer.join(timeout=HANG_S)
         other.join(timeout=HANG_S)
         spares.close()
+        if live is not None:
+            live.proc.kill()
+            live.proc.wait()
         if victim is not None:
             victim.close()
     res = {"kill": kill, "trials": len(trials), "seeds": seeds, "first_trial": first_trial,
