@@ -57,3 +57,30 @@ def test_a_trial_splits_into_consecutive_parts():
     assert s["first_fetch"] == 1.0 and abs(sum(s.values()) - 9.3) < 1e-9
     del marks["sample"]  # never sampled: the parts around it are left out, not guessed
     assert "first_generate" not in _split(marks) and _split(marks)["first_fetch"] == 1.0
+
+
+def test_a_trial_kills_the_live_engine_and_ends_at_the_restarted_ones_verified_sample():
+    import os
+    import sys
+
+    from rlsync.bench._chaos_vllm_engine import Live, Spares, engine_trial
+
+    class Trainer:
+        version = 7
+
+    spares = Spares("unused", "unused", "unused")
+    spares.cmd = [sys.executable, os.path.join(os.path.dirname(__file__), "scripted_chaos_child.py"), "6"]
+    spares.refill()
+    try:
+        live = Live.start(spares, Trainer())
+        first = live.proc
+        t, live = engine_trial(trial_rng(0, 0), spares, Trainer(), live)
+        assert first.returncode == -9 and live.proc is not first and live.proc.poll() is None
+        assert t["exit"] == -9 and t["hung"] == 0 and "restart_s" in t
+        assert t["unverified"] == 2 and t["samples"] == 2  # the restarted engine's early sample is not trained
+        assert t["versions_behind"] == 1  # its first verified sample is of v6, the trainer at v7
+        assert {"to_kill_phase", "reap", "engine_start", "first_generate"} <= set(t["split"])
+    finally:
+        spares.close()
+        live.proc.kill()
+        live.proc.wait()
