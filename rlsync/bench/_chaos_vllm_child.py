@@ -2,7 +2,8 @@
 
     python -m rlsync.bench._chaos_vllm_child HUB_ADDRESS MODEL_DIR NAME [--spare]   (token in $RLSYNC_HUB_TOKEN)
 
-A warm joiner (dummy weights, start-up cache from the hub when a peer published it), then a loop: fetch
+A warm joiner (dummy weights, start-up cache from the hub when a peer published it; {"started": true, "parts":
+{...}} gives the seconds of each start-up step), then a loop: fetch
 `latest` into staging, apply it, check it, generate 2 greedy samples. Before each phase it writes a JSON line
 {"phase": "fetch"|"apply"|"generate", "version": v} so the bench can kill it inside that phase; after an
 apply it writes {"applied": v} only once the version passed the receiver's checks (the stage's unit re-check
@@ -49,17 +50,27 @@ def main(address: str, model_dir: str, name: str, spare: bool = False) -> None:
     if spare:
         _say(ready=True)
         sys.stdin.readline()
+    parts, t = {}, time.monotonic()
+
+    def part(step: str) -> None:
+        nonlocal t
+        parts[step], t = round(time.monotonic() - t, 2), time.monotonic()
+
     hub = HubClient(address, token=os.environ["RLSYNC_HUB_TOKEN"])
     hub.join(Location(host=name), name=name)
+    part("join")
     cfg = VllmEngine.Config(model_dir=model_dir, max_new_tokens=4, do_sample=False, load_format="dummy")
     key = engine_cache.cache_key(model_dir, cfg)
     engine_cache.fetch_cache(hub, key, engine_cache.cache_root())
+    part("cache_fetch")
     engine = VllmEngine(cfg)
+    part("engine")
     held = engine_cache.publish_cache(hub, engine_cache.cache_root(), key)  # noqa: F841 - served while alive
+    part("cache_publish")
     fed = HubFedVllmEngine(engine)
     fed.stage = stage = HubWeightStage(hub, engine, "policy")
     fed.verify_ahead(lambda m, staged, recheck: expected_digests(m, staged, torch.bfloat16, recheck))
-    _say(started=True)
+    _say(started=True, parts=parts)
     while True:
         latest = hub.wait_latest("policy", engine.version + 1, timeout_s=5.0)
         if latest is None or latest <= engine.version:

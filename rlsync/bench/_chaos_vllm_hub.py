@@ -131,7 +131,8 @@ def hub_trial(rng, hub: HubProcess, victim: Victim, trainer) -> dict:
     out = {"phase": phase, "delay_s": round(delay, 3), "hung": 0}
     got = victim.wait(lambda e: e.get("phase") == phase, victim.mark(), HANG_S)
     if got is None:
-        out.update(hung=1, killed_in="none", trial_s=round(time.monotonic() - t0, 2))
+        out.update(hung=1, killed_in="none", trial_s=round(time.monotonic() - t0, 2),
+                   load_1m=round(os.getloadavg()[0], 2))
         return out
     want = got[1]["version"]
     time.sleep(delay)
@@ -146,5 +147,6 @@ def hub_trial(rng, hub: HubProcess, victim: Victim, trainer) -> dict:
         out["kill_to_sample_s"] = round(back[0] - t_kill, 2)
         out["versions_behind"] = trainer.version - back[1]["sample"]
     out["trial_s"] = round(time.monotonic() - t0, 2)
+    out["load_1m"] = round(os.getloadavg()[0], 2)
     return out
 
