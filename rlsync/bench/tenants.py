@@ -191,6 +191,9 @@ def run(kind: str, tenants: int, revisions: int, trials: int, updates: int, chec
     e0, e1 = pool
     names = e0.engine.adapters.shapes()
     tr = _Tenants(hub, kind, names, tenants, dtype)
+    from rlsync.rollout import serving_gc
+
+    serving_gc()  # this process serves from here on, as a rollout worker does after its start-up
     out: dict = {"model": kind, "dtype": dtype, "torch_threads": torch.get_num_threads(), "tenants": tenants,
                  "revisions": revisions, "adapter_bytes": tr.bytes,
                  "lora": {k: list(v) if isinstance(v, tuple) else v for k, v in LORA.items()}}
