@@ -7,7 +7,9 @@
 One embedded hub; a trainer client publishes the base once (`policy` v0) and, per tenant t, adapter revisions
 as versions of its own model `policy.lora.t` (rlsync/sync/hub_adapter.py: the base version inside each adapter's
 bytes). A pool of two HF engines (rollout/adapters.py, peft slots; each its own hub client, in this process)
-takes adapters straight from the hub into slots. Figures (engine side of issue 34 item 3):
+takes adapters straight from the hub into slots; the base in bf16 by default (`--dtype`: what the pool's vLLM engines
+serve), one intra-op thread, and `serving_gc()` once all is built, as a rollout worker. Figures (engine side of issue 34
+item 3):
 
 - `resident_adapters`: tenants x revisions resident on the pool at once (engine 0's LRU bound is set above
   it), each slot checked bit for bit against what its tenant published (`resident_verified`);
