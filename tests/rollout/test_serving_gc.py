@@ -5,8 +5,9 @@ from rlsync.rollout import serving_gc
 
 
 def _full_passes_while_serving() -> int:
-    """Full (gen 2) collections started while 'requests' allocate small containers, a quarter of them kept (the
-    records of new versions, like the hub client's)."""
+    """Full (gen 2) collections started while 'requests' allocate small containers and keep them (the records of
+    new versions, like the hub client's): more of them than a quarter of the process's heap, which is what starts
+    a full pass under Python's default thresholds whatever else this process holds."""
     full = []
 
     def seen(phase, info):
@@ -16,10 +17,8 @@ def _full_passes_while_serving() -> int:
     gc.callbacks.append(seen)
     try:
         kept = []
-        for i in range(200_000):
-            x = {"t": [i, [i]]}
-            if i % 4 == 0:
-                kept.append(x)
+        for i in range(len(gc.get_objects()) // 3 + 50_000):
+            kept.append({"t": [i, [i]]})
     finally:
         gc.callbacks.remove(seen)
     return len(full)
