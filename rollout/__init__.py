@@ -11,6 +11,7 @@ from .registry import (ENGINES, MODEL_LOADERS, build_engine, register_engine, re
 from .environment import Environment, EnvStep
 from .episodes import generate_scored, run_episodes
 from .rewards import Prompt, get_reward, register_reward
+from .serving_gc import serving_gc
 from .tasks import Task, build_task, get_task, register_task
 from . import task_multiturn, task_reasoning_gym, task_verifiers  # noqa: F401,E402 - register their tasks
 from .tokenizer import CharTokenizer
@@ -20,5 +21,5 @@ __all__ = [
     "CharTokenizer", "ENGINES", "EnvStep", "Environment", "MODEL_LOADERS", "ModelLoader", "ModelPackageMissingError", "Prompt", "Rollout",
     "RolloutEngine", "Task", "TinyModelConfig", "WeightMismatchError", "build_engine", "build_hf_engine",
     "build_task", "build_tiny_model", "generate_scored", "get_reward", "get_task", "load_smollm2", "register_engine",
-    "register_model_loader", "register_reward", "register_task", "run_episodes",
+    "register_model_loader", "register_reward", "register_task", "run_episodes", "serving_gc",
 ]

@@ -110,6 +110,24 @@ class _SwitchBetweenSteps:
         return torch.zeros(input_ids.shape[0], dtype=torch.bool)
 
 
+def _fold_head_input(model: torch.nn.Module) -> None:
+    """Give the LM head a row-major input. HF slices the kept positions (`logits_to_keep`, the re-score's `start`)
+    out of the hidden states as a strided view; torch's matmul folds such a view into one mm only when something
+    requires grad, so on a frozen model (adapter slots) it goes to bmm, which in bf16 copied the whole transposed
+    head weight (49152 x 576, ~95 ms on one core for SmolLM2) at every forward: half a bf16 prefill."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is None:
+        return
+
+    def fold(_module, args):
+        x = args[0]
+        if any(x.stride(i) != x.stride(i + 1) * x.size(i + 1) for i in range(x.dim() - 2)):
+            x = x.clone(memory_format=torch.contiguous_format)  # the kept rows only: 1 x 576 per prompt
+        return (x, *args[1:])
+
+    head.register_forward_pre_hook(fold)
+
+
 class RolloutEngine:
     sync_caps: ClassVar[EngineCaps] = EngineCaps(in_place_fetch=True, load_state=True, inflight=True, verify=True,
                                                  adapters=True)
@@ -139,6 +157,7 @@ class RolloutEngine:
                              "(the hf engine runs one process)")
         self.config = config
         self.model = model.eval()
+        _fold_head_input(self.model)
         self.pad_token_id, self.eos_token_id = pad_token_id, eos_token_id
         self.version = 0
         """Version of the weights the model holds (set by `load_state` or the caller)."""

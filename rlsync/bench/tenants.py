@@ -1,13 +1,15 @@
 """`python -m rlsync.bench tenants`: a pool of HF engines serving many tenants' LoRA adapters over one base.
 
     python -m rlsync.bench tenants [--model smollm2|tiny] [--tenants 32] [--revisions 4] [--trials 40]
-                                   [--updates 1000] [--dtype fp32|bf16] [--threads 1]
+                                   [--updates 1000] [--dtype bf16|fp32] [--threads 1]
                                    [--json F]
 
 One embedded hub; a trainer client publishes the base once (`policy` v0) and, per tenant t, adapter revisions
 as versions of its own model `policy.lora.t` (rlsync/sync/hub_adapter.py: the base version inside each adapter's
 bytes). A pool of two HF engines (rollout/adapters.py, peft slots; each its own hub client, in this process)
-takes adapters straight from the hub into slots. Figures (engine side of issue 34 item 3):
+takes adapters straight from the hub into slots; the base in bf16 by default (`--dtype`: what the pool's vLLM engines
+serve), one intra-op thread, and `serving_gc()` once all is built, as a rollout worker. Figures (engine side of issue 34
+item 3):
 
 - `resident_adapters`: tenants x revisions resident on the pool at once (engine 0's LRU bound is set above
   it), each slot checked bit for bit against what its tenant published (`resident_verified`);
@@ -22,7 +24,7 @@ takes adapters straight from the hub into slots. Figures (engine side of issue 3
   beside it the first fetch of the same adapter (`first_fetch_s`);
 - `request_kept_revision`: a request under tenant A's revision k runs while revision k+1 is published and
   fetched into the same engine; its log-probs equal those of revision k alone;
-- `isolation_drift_bits`: tenant B's greedy log-probs (fp32, compared bit for bit) checked every
+- `isolation_drift_bits`: tenant B's greedy log-probs (as fp32, compared bit for bit) checked every
   `--check-every` of `--updates` interleaved revisions of tenant A, each fetched into the same engine (when A's
   revisions have pushed B out of the LRU, the check fetches B again first: `isolation_b_restored`).
 
@@ -191,6 +193,9 @@ def run(kind: str, tenants: int, revisions: int, trials: int, updates: int, chec
     e0, e1 = pool
     names = e0.engine.adapters.shapes()
     tr = _Tenants(hub, kind, names, tenants, dtype)
+    from rlsync.rollout import serving_gc
+
+    serving_gc()  # this process serves from here on, as a rollout worker does after its start-up
     out: dict = {"model": kind, "dtype": dtype, "torch_threads": torch.get_num_threads(), "tenants": tenants,
                  "revisions": revisions, "adapter_bytes": tr.bytes,
                  "lora": {k: list(v) if isinstance(v, tuple) else v for k, v in LORA.items()}}
@@ -233,6 +238,8 @@ def run(kind: str, tenants: int, revisions: int, trials: int, updates: int, chec
         # where the time goes: publish (trainer), fetch into a slot (engine), prefill to the first token; and the
         # whole request (the re-score forward for the behaviour log-probs included), which is not the figure
         out["publish_to_first_token_parts_p95_ms"] = {k: 1e3 * _pct(ph[k], 0.95) for k in ("publish", "fetch", "prefill")}
+        # every trial, in order: which part a slow one lost its time in (the p95 of 40 is the third slowest)
+        out["publish_to_first_token_trials_ms"] = {k: [round(1e3 * x, 1) for x in ph[k]] for k in ph}
         out["publish_to_response_p95_ms"] = 1e3 * _pct(ph["response"], 0.95)
         out["load_now"] = _load()
         save(out)
@@ -324,8 +331,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--check-every", type=int, default=10, help="tenant B re-checked every N of A's updates")
     p.add_argument("--threads", type=int, default=1,
                    help="torch intra-op threads (1: under other load, 2 threads on 2 cores wait on each other)")
-    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
-                   help="the base's dtype in trainer and engines (adapters stay fp32: peft's default)")
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default="bf16",
+                   help="the base's dtype in trainer and engines (adapters stay fp32: peft's default); bf16 is "
+                        "what the pool's vLLM engines serve (rollout/vllm: dtype=bfloat16)")
     p.add_argument("--json", help="write every figure here")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)

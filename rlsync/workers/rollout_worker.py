@@ -99,7 +99,7 @@ class RolloutWorker:
                  sync: SyncConfig, shape: RunShape, hub: HubAccess, setup: ProcessSetup):
         """Worker `index` of pool `pool`, with that pool's sampling (`engine`) and `location`."""
         _process_setup(setup, f"{pool}-{index}")
-        from rlsync.rollout import build_engine
+        from rlsync.rollout import build_engine, serving_gc
 
         self.pool, self.rollout_cfg, self.inject = pool, rollout, inject
         self.worker_id = f"{pool}-{index}"
@@ -117,6 +117,7 @@ class RolloutWorker:
         self.hub = _hub_client(hub, location, self.worker_id)
         side = Side(sync=sync, model=hub.model, hub=self.hub, clock=self.clock, hub_address=hub.address, shape=shape)
         self.receiver = route.receiver(side, self.engine, params=params, delay_s=inject.weights_delay_s)
+        serving_gc()  # start-up is over: no full GC pass over it inside a rollout (rollout/serving_gc.py)
         log.info("%s ready: engine %s, model %s, task %s, route %s, hub worker %s at %s", self.worker_id,
                  rollout.engine, model.kind, task.name, sync.mode, self.hub.worker_id, hub.address)
 

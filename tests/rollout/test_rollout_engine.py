@@ -130,3 +130,26 @@ def test_a_grpo_group_prefills_each_distinct_prompt_once(tiny):
         assert alone.response_ids[0] == out.response_ids[i]
         assert torch.allclose(alone.logprobs[0][alone.response_mask[0].bool()],
                               out.logprobs[i][out.response_mask[i].bool()], atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_frozen_engine_head_never_copies_its_weight(dtype):
+    # HF hands the LM head a strided view of the kept positions; on a frozen model torch's matmul then took the
+    # bmm path, which in bf16 copied the whole transposed head weight at every forward (half a SmolLM2 prefill).
+    from torch.profiler import ProfilerActivity, profile
+
+    from rlsync.rollout import TinyModelConfig, build_tiny_model
+
+    torch.manual_seed(0)
+    model = build_tiny_model(TinyModelConfig(tie_word_embeddings=True), vocab_size=96).to(dtype)
+    engine = RolloutEngine(RolloutEngine.Config(max_new_tokens=1), model.requires_grad_(False), pad_token_id=0,
+                           eos_token_id=1)
+    head = engine.model.get_output_embeddings().weight
+    ids = torch.tensor([[3, 9, 4, 12, 7, 5]])
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        kept = engine.model(ids, logits_to_keep=1).logits
+    copied = [e.input_shapes for e in prof.events() if e.name == "aten::copy_"
+              and any(s and torch.Size(s).numel() == head.numel() for s in e.input_shapes)]
+    assert copied == []
+    full = engine.model(ids).logits
+    assert kept.shape == (1, 1, 96) and torch.allclose(kept[0, -1].float(), full[0, -1].float(), atol=1e-2)
