@@ -2,8 +2,7 @@
 engines updated in flight (`sync.inflight=true`: staged while generating, swapped between decode steps).
 
 The CLI as a user runs it (fresh process, its own Ray cluster). Checks: exit 0, two versions,
-every engine update a hub fetch (sources are hub workers; one engine: a vLLM engine's staging serving a peer is
-tests/vllm/test_vllm_engine.py::test_staging_replica_serves_a_joining_peer and examples/vllm_weight_transfer.py's), no weight
+every engine update a hub fetch (sources are hub workers: the trainer or a peer engine), no weight
 tensor in any Ray call (`ray/weight_like_tensors` 0), the engines' fetch/apply/pause and the
 log-prob gap (vLLM vs the trainer on the same weights) in the metrics, each switch's decode pause
 recorded, nothing dropped for staleness, the start-of-run greedy eval logged, peak RSS per worker written.
@@ -27,7 +26,6 @@ def test_grpo_real_two_steps_moves_weights_only_through_the_hub(tmp_path):
     run = tmp_path / "run"
     env = {**os.environ, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
     cmd = [sys.executable, "-m", "rlsync.train", "+recipe=grpo_real", "steps=2", "sync.inflight=true", "eval.prompts=8", "eval.every=2",
-           "pools.main.size=1",  # one vLLM engine, not the recipe's 2: half the engine CPU on the suite's 2 shared cores
            f"hydra.run.dir={run}", "progress=false", "logging.wandb.enabled=false", "checkpoint.enabled=false"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1400)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -51,4 +49,4 @@ def test_grpo_real_two_steps_moves_weights_only_through_the_hub(tmp_path):
     assert sum(r.get("staleness/dropped", 0) for r in steps) == 0
     assert [r["step"] for r in rows if "eval/reward_mean" in r] == [0, 2]
     mem = json.load(open(run / "memory.json"))["peak_rss_mb"]
-    assert {"trainer-0", "main-0"} <= set(mem)
+    assert {"trainer-0", "main-0", "main-1"} <= set(mem)
