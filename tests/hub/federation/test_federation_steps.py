@@ -13,19 +13,23 @@ def _model(v: int) -> dict:
     return {"w": torch.randn(64 << 10, generator=g), "b": torch.randn(32, generator=g)}
 
 
+def _client_maker(cfg, clients: list):
+    """client(hub, dc, host): a client of `hub`, joined in `dc` when `host` is given, kept in `clients`."""
+    def client(hub, dc, host):
+        c = HubClient(hub.address, hub.token, config=cfg)
+        clients.append(c)
+        if host:
+            c.join(Location(dc=dc, host=host))
+        return c
+    return client
+
+
 def test_a_dc_skips_what_it_missed_commits_the_newest_and_a_second_gateway_drops_its_copy(tmp_path):
     cfg = ClientConfig(transport="tcp-py", hub_deadline_s=5.0, heartbeat_s=0.2)  # (a leave waits out a heartbeat)
     with start_embedded_hub(journal=str(tmp_path / "h0.db")) as h0, \
             start_embedded_hub(journal=str(tmp_path / "h1.db")) as h1:
         clients = []
-
-        def client(hub, dc, host):
-            c = HubClient(hub.address, hub.token, config=cfg)
-            clients.append(c)
-            if host:
-                c.join(Location(dc=dc, host=host))
-            return c
-
+        client = _client_maker(cfg, clients)
         trainer = client(h0, "dc0", "t")
         gws = [Gateway(client(h0, "dc1", None), client(h1, "dc1", None), GatewayConfig()) for _ in range(2)]
         for i, g in enumerate(gws):
@@ -65,14 +69,7 @@ def test_one_home_per_model_is_enforced_across_restarts(tmp_path):
 
     cfg = ClientConfig(transport="tcp-py", hub_deadline_s=5.0, heartbeat_s=0.2)
     clients = []
-
-    def client(hub, dc, host):
-        c = HubClient(hub.address, hub.token, config=cfg)
-        clients.append(c)
-        if host:
-            c.join(Location(dc=dc, host=host))
-        return c
-
+    client = _client_maker(cfg, clients)
     with start_embedded_hub(journal=str(tmp_path / "h0.db")) as h0, \
             start_embedded_hub(journal=str(tmp_path / "h2.db")) as h2:
         with start_embedded_hub(journal=str(tmp_path / "h1.db")) as h1:
