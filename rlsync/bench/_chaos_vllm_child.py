@@ -2,8 +2,8 @@
 
     python -m rlsync.bench._chaos_vllm_child HUB_ADDRESS MODEL_DIR NAME [--spare]   (token in $RLSYNC_HUB_TOKEN)
 
-A warm joiner (dummy weights, start-up cache from the hub when a peer published it; {"started": true, "parts":
-{...}} gives the seconds of each start-up step), then a loop: fetch
+A warm joiner (dummy weights, start-up cache from the hub when a peer published it, one warm-up batch on the dummy
+weights, dropped; {"started": true, "parts": {...}} gives the seconds of each start-up step), then a loop: fetch
 `latest` into staging, apply it, check it, generate 2 greedy samples. Before each phase it writes a JSON line
 {"phase": "fetch"|"apply"|"generate", "version": v} so the bench can kill it inside that phase; after an
 apply it writes {"applied": v} only once the version passed the receiver's checks (the stage's unit re-check
@@ -65,6 +65,8 @@ def main(address: str, model_dir: str, name: str, spare: bool = False) -> None:
     part("cache_fetch")
     engine = VllmEngine(cfg)
     part("engine")
+    engine.warm_up(PROMPT)  # a process's first generate pays its set-up here, not after it takes a version
+    part("warm_up")
     held = engine_cache.publish_cache(hub, engine_cache.cache_root(), key)  # noqa: F841 - served while alive
     part("cache_publish")
     fed = HubFedVllmEngine(engine)

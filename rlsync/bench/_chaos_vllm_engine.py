@@ -7,7 +7,7 @@ that engine's first sample of a verified version: the rejoin, measured on a rest
 engine is the live one of the next trial. Every child line's arrival time is kept, so a trial's wall splits into its
 parts (`split`): `to_kill_phase` (waiting for the trainer's next version, then to the phase), `delay`, `reap`
 (SIGKILL -> the process gone), `spare_wait` (the spare's imports not done yet), `engine_start` ("go" -> started:
-join, the start-up cache, vLLM's engine set-up with dummy weights; `start_parts` splits it by the child's own
+join, the start-up cache, vLLM's engine set-up with dummy weights, one warm-up batch; `start_parts` splits it by the child's own
 clock), `join_to_fetch`, `first_fetch`, `first_apply_check` (apply + the receiver's checks), `to_generate` and
 `first_generate`.
 

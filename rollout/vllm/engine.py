@@ -42,6 +42,7 @@ import torch
 
 from ..engine import Rollout
 from .decode import check_sync_scheduling, decode
+from .tp import TensorParallelError, check_tensor_parallel  # noqa: F401 - TensorParallelError: callers import it here
 from .worker_apply import (direct_readback, direct_reload, inflight_build, inflight_swap, layerwise_reload,
                            quiet_dtype_notes)
 
@@ -76,32 +77,6 @@ class _Prepared:
     built: object
     specs: tuple
     build_s: float
-
-
-class TensorParallelError(ValueError):
-    """The model or the engine's options cannot run at the requested tensor_parallel_size."""
-
-
-def check_tensor_parallel(model_dir: str, config: "VllmEngine.Config") -> None:
-    """Refuse, before vLLM starts, a model TP=k cannot split as rlsync's slice loader needs (heads,
-    KV heads and MLP width divisible by k) and options that cannot work with TP > 1."""
-    import json
-
-    k = config.tensor_parallel_size
-    if k < 1:
-        raise TensorParallelError(f"tensor_parallel_size must be >= 1 (got {k})")
-    if k == 1:
-        return
-    if config.apply_mode != "direct":
-        raise TensorParallelError(f"apply_mode={config.apply_mode!r} cannot run at tensor_parallel_size={k}: "
-                                  "TP ranks load their slices by the direct apply only")
-    with open(os.path.join(model_dir, "config.json")) as f:
-        hf = json.load(f)
-    for key in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
-        n = hf.get(key, hf.get("num_attention_heads") if key == "num_key_value_heads" else None)
-        if n is None or n % k:
-            raise TensorParallelError(f"{model_dir}: {key}={n} is not divisible by tensor_parallel_size={k} "
-                                      "(each TP rank must hold whole heads and equal MLP blocks)")
 
 
 def _vllm_env(kv_cache_gib: int, threads: int | None) -> None:
@@ -249,6 +224,15 @@ class VllmEngine:
                           kv=self.config.kv_policy)
         return self._layout(prompts, [s.tokens for s in seqs], [s.logprobs for s in seqs], version,
                             [s.spans for s in seqs])
+
+    def warm_up(self, prompt: list[int], n: int = 2) -> float:
+        """One batch of `n` copies of `prompt` on whatever weights are loaded (dummy ones too), dropped, no version:
+        a process's first generate pays set-up (the sampler kernel, first-shape buffers: 2.6-6.7 s here,
+        docs/vllm.md) that a joiner pays before it takes a version, not between that version and its first sample."""
+        with self._lock:
+            t0 = time.monotonic()
+            decode(self.llm, [list(prompt)] * n, self._sampling_params(), self._version)
+            return time.monotonic() - t0
 
     def _layout(self, prompts, resp, lps, version: int, spans=None) -> Rollout:
         """Left-padded prompt, response, right padding: the layout `RolloutEngine` produces. `spans`: per

@@ -23,6 +23,8 @@ Methods are called by name (`collective_rpc("rlsync_...")`): no pickled callable
 """
 from __future__ import annotations
 
+import json
+import os
 import time
 from typing import Any
 
@@ -212,3 +214,27 @@ class TPSliceLoader:
         if hub is not None:
             hub.leave()
             self._rlsync_hub = None
+
+
+class TensorParallelError(ValueError):
+    """The model or the engine's options cannot run at the requested tensor_parallel_size."""
+
+
+def check_tensor_parallel(model_dir: str, config) -> None:
+    """Refuse, before vLLM starts, a model TP=k cannot split as rlsync's slice loader needs (heads,
+    KV heads and MLP width divisible by k) and options that cannot work with TP > 1."""
+    k = config.tensor_parallel_size
+    if k < 1:
+        raise TensorParallelError(f"tensor_parallel_size must be >= 1 (got {k})")
+    if k == 1:
+        return
+    if config.apply_mode != "direct":
+        raise TensorParallelError(f"apply_mode={config.apply_mode!r} cannot run at tensor_parallel_size={k}: "
+                                  "TP ranks load their slices by the direct apply only")
+    with open(os.path.join(model_dir, "config.json")) as f:
+        hf = json.load(f)
+    for key in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
+        n = hf.get(key, hf.get("num_attention_heads") if key == "num_key_value_heads" else None)
+        if n is None or n % k:
+            raise TensorParallelError(f"{model_dir}: {key}={n} is not divisible by tensor_parallel_size={k} "
+                                      "(each TP rank must hold whole heads and equal MLP blocks)")

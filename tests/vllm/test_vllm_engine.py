@@ -44,14 +44,20 @@ def test_logprobs_follow_update(rig):
 
 def test_greedy_matches_trainer_first_tokens(rig):
     """Greedy decoding after an update: vLLM's first response token equals the trainer model's
-    greedy token for every prompt (later tokens may part on bf16 near-ties)."""
+    greedy token for every prompt (later tokens may part on bf16 near-ties). A warm-up batch in between
+    (what a joiner runs before taking a version) changes neither the version nor what greedy answers."""
     v = rig.publish(seed=3)
     rig.stage.update(v)
     rig.engine.config.do_sample = False
     try:
         out = rig.engine.generate(rig.prompts)
+        switches = len(rig.engine.switches)
+        assert rig.engine.warm_up(rig.prompts[0]) > 0
+        assert rig.engine.version == v and len(rig.engine.switches) == switches
+        again = rig.engine.generate(rig.prompts)
     finally:
         rig.engine.config.do_sample = True
+    assert again.version == v and again.response_ids == out.response_ids
     with torch.no_grad():
         for p, got in zip(rig.prompts, out.response_ids):
             logits = rig.model(torch.tensor([p])).logits[0, -1]
