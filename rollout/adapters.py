@@ -36,7 +36,7 @@ from typing import Callable, Hashable, Iterator
 
 import torch
 
-from rlsync.core.lora import LoraConfig, adapter_parameters, apply_lora, base_tensors
+from rlsync.core.lora import LoraConfig, adapter_parameters, apply_lora, base_parameters, base_tensors
 
 
 class AdapterCapacityError(RuntimeError):
@@ -81,6 +81,19 @@ class AdapterSlots:
     def base_tensors(self) -> dict[str, torch.Tensor]:
         """name -> live tensor of the base (HF names): the hub fetches the base version into these."""
         return dict(self._base)
+
+    @torch.no_grad()
+    def cast_base(self, dtypes: dict[str, torch.dtype]) -> None:
+        """Hold the base in these dtypes from now on (name -> dtype, `base_tensors`' names; each tensor cast once):
+        an engine serving a derived variant of the base (`sync.variant=bf16`) computes with the variant's own
+        dtypes. The adapters keep theirs (fp32, as the trainer publishes them)."""
+        with self._calls:
+            for n, p in base_parameters(self.model).items():
+                if p.dtype != dtypes[n]:
+                    p.data = p.data.to(dtypes[n])
+            self._base = base_tensors(self.model)
+            self._merged.clear()  # made in the old dtypes
+            self._merged_for = None
 
     def base_written(self) -> None:
         """The base tensors hold another base version now: the merged copy (made from the old one) is dropped."""

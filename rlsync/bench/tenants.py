@@ -7,9 +7,12 @@
 One embedded hub; a trainer client publishes the base once (`policy` v0) and, per tenant t, adapter revisions
 as versions of its own model `policy.lora.t` (rlsync/sync/hub_adapter.py: the base version inside each adapter's
 bytes). A pool of two HF engines (rollout/adapters.py, peft slots; each its own hub client, in this process)
-takes adapters straight from the hub into slots; the base in bf16 by default (`--dtype`: what the pool's vLLM engines
-serve), one intra-op thread, and `serving_gc()` once all is built, as a rollout worker. Figures (engine side of issue 34
-item 3):
+takes adapters straight from the hub into slots; one intra-op thread, and `serving_gc()` once all is built, as a rollout
+worker. The base in bf16 by default (`--dtype bf16`), exactly as a run's adapter pool with `sync.variant=bf16` serves
+it: the trainer publishes its fp32 base, each engine is loaded in fp32 as the run's model loader does, and the run's
+receiver (`choose_route` -> hub_adapter) casts the engine's base to bf16 once and reads `policy@bf16` (derived once by
+the first engine, read from it by the other); adapters stay fp32. `--dtype fp32`: the base as published (`sync.variant`
+none). Figures (engine side of issue 34 item 3):
 
 - `resident_adapters`: tenants x revisions resident on the pool at once (engine 0's LRU bound is set above
   it), each slot checked bit for bit against what its tenant published (`resident_verified`);
@@ -57,41 +60,44 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else float("nan")
 
 
-def _model(kind: str, dtype: str = "fp32"):
-    """(HF model in `dtype`, prompt token ids) of `kind`."""
+VARIANT = {"fp32": "none", "bf16": "bf16"}
+"""--dtype -> the run's `sync.variant` the pool is served with (the base always published fp32, as the trainer does)."""
+
+
+def _model(kind: str):
+    """(HF model in fp32, as a run's model loader builds it, prompt token ids) of `kind`."""
     import torch
 
-    dt = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
     if kind == "tiny":
         from rlsync.rollout import TinyModelConfig, build_tiny_model
 
         torch.manual_seed(0)
-        return build_tiny_model(TinyModelConfig(arch="llama"), vocab_size=64).to(dt).eval(), [3, 9, 4, 12, 7, 5]
+        return build_tiny_model(TinyModelConfig(arch="llama"), vocab_size=64).eval(), [3, 9, 4, 12, 7, 5]
     from rlsync.rollout import load_smollm2
 
-    m, tok = load_smollm2(cache_dir=os.path.expanduser("~/.cache/rlsync/smollm2"), dtype=dt)
+    m, tok = load_smollm2(cache_dir=os.path.expanduser("~/.cache/rlsync/smollm2"))
     text = tok.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True, tokenize=False)
     return m.eval(), list(tok(text)["input_ids"])
 
 
 class _Engine:
-    """One engine of the pool: an HF engine with adapter slots, its own hub client and an adapter receiver."""
+    """One engine of the pool: an HF engine with adapter slots, its own hub client and the run's adapter receiver."""
 
     def __init__(self, kind: str, hub, name: str, max_resident: int, dtype: str = "fp32"):
         from rlsync.core.stall import StallClock
         from rlsync.hub import HubClient, Location
         from rlsync.rollout import RolloutEngine
-        from rlsync.sync import RunShape, Side, SyncConfig
-        from rlsync.sync.hub_adapter import HubAdapterReceiver
+        from rlsync.sync import RunShape, Side, SyncConfig, choose_route
 
-        model, self.prompt = _model(kind, dtype)
+        model, self.prompt = _model(kind)
         self.engine = RolloutEngine(RolloutEngine.Config(max_new_tokens=1, do_sample=False), model,
                                     pad_token_id=0, eos_token_id=-1)
         self.client = HubClient(hub.address, token=hub.token)
         self.client.join(Location(host=name), name=name)
-        side = Side(sync=SyncConfig(max_adapters=max_resident), model="policy", hub=self.client,
-                    clock=StallClock(name, "rollout"), hub_address=hub.address, shape=RunShape(**LORA))
-        self.rcv = HubAdapterReceiver(side, self.engine)
+        sync, shape = SyncConfig(max_adapters=max_resident, variant=VARIANT[dtype]), RunShape(**LORA)
+        side = Side(sync=sync, model="policy", hub=self.client, clock=StallClock(name, "rollout"),
+                    hub_address=hub.address, shape=shape)
+        self.rcv = choose_route(sync, shape).receiver(side, self.engine)  # hub_adapter, as in a run
 
     def first_token(self, key) -> tuple[float, float]:
         """A request under adapter `key` (resident): (when its first token was sampled, when it returned), as
@@ -132,13 +138,13 @@ class _Tenants:
     """The trainer side: the base published once, then each tenant's adapter revisions (live tensors, released
     before they are rewritten: the mutability contract)."""
 
-    def __init__(self, hub, kind: str, names: dict, n: int, dtype: str = "fp32"):
+    def __init__(self, hub, kind: str, names: dict, n: int):
         import torch
 
         from rlsync.hub import HubClient, Location
         from rlsync.sync.hub_adapter import ADAPTER_BASE
 
-        model, _ = _model(kind, dtype)
+        model, _ = _model(kind)
         self.client = HubClient(hub.address, token=hub.token)
         self.client.join(Location(host="trainer"), name="trainer")
         self.client.publish("policy", 0, {k: p.data for k, p in model.named_parameters()})
@@ -192,7 +198,7 @@ def run(kind: str, tenants: int, revisions: int, trials: int, updates: int, chec
     pool = [_Engine(kind, hub, "e0", cap, dtype), _Engine(kind, hub, "e1", cap, dtype)]
     e0, e1 = pool
     names = e0.engine.adapters.shapes()
-    tr = _Tenants(hub, kind, names, tenants, dtype)
+    tr = _Tenants(hub, kind, names, tenants)
     from rlsync.rollout import serving_gc
 
     serving_gc()  # this process serves from here on, as a rollout worker does after its start-up
@@ -211,6 +217,9 @@ def run(kind: str, tenants: int, revisions: int, trials: int, updates: int, chec
                 ok &= all(torch.equal(got[k], x) for k, x in tr.live[t].items())
         out["resident_adapters"] = len(set(e0.engine.adapters.resident()) | set(e1.engine.adapters.resident()))
         out["resident_verified"], out["fill_s"] = bool(ok), time.perf_counter() - t0
+        out["base_served"] = {"model": e0.rcv.base_held, "dtypes": sorted({str(x.dtype) for x in
+                              e0.engine.adapters.base_tensors().values()}),
+                              "derivations": sum(e.rcv.reader.derivations for e in pool if e.rcv.reader)}
         out["load_now"] = _load()
         save(out)
         # ---- publish -> first token on the new revision, vs the first token on a resident adapter
@@ -332,8 +341,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--threads", type=int, default=1,
                    help="torch intra-op threads (1: under other load, 2 threads on 2 cores wait on each other)")
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="bf16",
-                   help="the base's dtype in trainer and engines (adapters stay fp32: peft's default); bf16 is "
-                        "what the pool's vLLM engines serve (rollout/vllm: dtype=bfloat16)")
+                   help="the engines' base: bf16 = a run's sync.variant=bf16 (the trainer's fp32 base derived once "
+                        "into policy@bf16; adapters stay fp32), fp32 = the base as published (sync.variant none)")
     p.add_argument("--json", help="write every figure here")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)

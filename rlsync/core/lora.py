@@ -65,7 +65,11 @@ def adapter_tensors(peft_model: torch.nn.Module, adapter: str = "default") -> di
     return {n: p.data for n, p in adapter_parameters(peft_model, adapter).items()}
 
 
+def base_parameters(peft_model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+    """name -> parameter of the frozen base, under the bare HF model's names (tied weights once)."""
+    return {_plain(n).replace(".base_layer.", "."): p for n, p in peft_model.named_parameters() if ".lora_" not in n}
+
+
 def base_tensors(peft_model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """name -> live tensor (no copy) of the frozen base, under the bare HF model's names (tied weights once)."""
-    return {_plain(n).replace(".base_layer.", "."): p.data for n, p in peft_model.named_parameters()
-            if ".lora_" not in n}
+    return {n: p.data for n, p in base_parameters(peft_model).items()}

@@ -55,7 +55,8 @@ class SyncConfig:
     variant: str = "none"
     """hub: engines read this derived variant of each version instead of the version as published: `bf16` (a cast)
     or `int8` (W8A8 per-row), rlsync/core/transforms.py. The first engine to need it derives and publishes it,
-    the others read it from peers; `none`: the version as published (docs/derived.md)."""
+    the others read it from peers; `none`: the version as published (docs/derived.md). With `trainer.lora`: the base's
+    variant (`bf16` only), the adapters as published (docs/lora.md)."""
     variant_by: str = "engine"
     """sync.variant: who derives each version's variant: `engine` (the first engine to need it: it takes the
     version itself once) or `trainer` (rank 0, right after publishing, from its live tensors: every engine then

@@ -7,6 +7,12 @@
                fetched straight into a fresh slot of the engine (`AdapterSlots`, no file, no copy); if its base
                record names a base the engine does not hold, that base is fetched into the engine's base tensors
 
+With `sync.variant=bf16` the engines serve the base's derived variant (`policy@bf16` b, as hub_derived reads whole
+versions: the first engine to need it fetches b, casts it and publishes it, every other reads it from peers; with
+`sync.variant_by=trainer` rank 0 derives it when it publishes b): the engine's base tensors are cast to the variant's
+dtypes once, at start, and the variant is fetched into them. Adapters are not derived: they stay fp32 (the trainer's
+own tensors) and apply over the bf16 base. Variants with their own layout (`int8`) are refused.
+
 Every adapter revision keeps its own slot until the engine's LRU bound evicts it (the receiver then releases
 that replica at the hub), so a request finishes on the revision it started with. A request for an evicted
 adapter fetches it again like any version: from a peer that holds it or from the trainer.
@@ -20,10 +26,12 @@ from typing import Any
 import torch
 
 from rlsync.core.events import FetchEvent
+from rlsync.core.transforms import VariantReader, get_transform, specs_of
 from rlsync.hub import errors as E
 
 from .base import Side, WeightPublisher, WeightReceiver, WeightSync, register_weight_sync
 from .engine import EngineCapsError, need
+from .hub_derived import variant_misfit
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +54,9 @@ class HubAdapterPublisher(WeightPublisher):
         self.base_model, self.model = side.model, adapter_model(side.model)  # release() gives back adapters
         self.base_version: int | None = None
         self._base_record = torch.zeros(1, dtype=torch.int64)
+        by_trainer = side.sync.variant != "none" and side.sync.variant_by == "trainer" and rank == 0
+        self.deriver = VariantReader(self.hub, self.base_model, side.sync.variant) if by_trainer else None
+        self._base_variant: dict | None = None  # the trainer's replica of the base's variant (kept: never rewritten)
 
     def publish(self, backend: Any) -> dict:
         v = backend.version
@@ -60,6 +71,8 @@ class HubAdapterPublisher(WeightPublisher):
                 self._base_record[0] = v
                 nb = sum(x.numel() * x.element_size() for x in base.values())
                 self.clock.event("publish", version=v, bytes=nb, base=True)
+                if self.deriver is not None:  # sync.variant_by=trainer: no engine takes the fp32 base
+                    self._base_variant = self.deriver.publish_from(v, base).tensors
             self.hub.publish(self.model, v, {**tensors, ADAPTER_BASE: self._base_record})
             self.published = v
             self.clock.event("publish", version=v, bytes=n)
@@ -87,6 +100,15 @@ class HubAdapterReceiver(WeightReceiver):
                                             extra={ADAPTER_BASE: ((1,), torch.int64)}, merge=self.sync.merge_adapter)
         self.slots.on_evict = self._evicted
         self.base_version: int | None = None
+        self.reader: VariantReader | None = None
+        """sync.variant: the base's variant is read (or derived once) through this; None: the base as published."""
+        if self.sync.variant != "none":
+            specs = get_transform(self.sync.variant).specs(specs_of(self.slots.base_tensors()))
+            self.slots.cast_base({n: dt for n, (_, dt) in specs.items()})
+            # the fp32 scratch a derivation reads the base into is not kept: the base is derived once per run
+            self.reader = VariantReader(self.hub, self.base_model, self.sync.variant, keep_scratch=False)
+        self.base_held = self.reader.variant_model if self.reader else self.base_model
+        """The hub model whose replica the engine's base tensors hold (`policy@bf16` with sync.variant=bf16)."""
 
     def _evicted(self, key) -> None:
         """An adapter leaves the engine: give its replica back (the hub reads it from others from now on)."""
@@ -160,10 +182,13 @@ class HubAdapterReceiver(WeightReceiver):
 
     def _take_base(self, version: int, join: bool) -> dict[str, int]:
         if self.base_version is not None:  # the buffers are about to be overwritten: give the old base back
-            self.hub.release(self.base_model, self.base_version)
+            self.hub.release(self.base_held, self.base_version)
         self.base_version = None
         with self.clock.state("loading_weights"):
-            got = self.hub.fetch(self.base_model, version, into=self.slots.base_tensors())
+            if self.reader is None:
+                got = self.hub.fetch(self.base_model, version, into=self.slots.base_tensors())
+            else:
+                got = self.reader.fetch(version, into=self.slots.base_tensors())
         self.slots.base_written()
         self.base_version = version
         self._record(got, join)
@@ -189,4 +214,9 @@ class HubAdapter(WeightSync):
             return "with trainer.lora does not support an elastic trainer group (trainer.elastic.enabled=false)"
         if sync.deltas or sync.inflight:
             return "with trainer.lora sends whole adapters (sync.deltas=false, sync.inflight=false)"
+        if why := variant_misfit(sync):
+            return why
+        if sync.variant != "none" and not get_transform(sync.variant).same_layout:
+            return (f"with trainer.lora: sync.variant={sync.variant} has its own tensor layout, which the adapter "
+                    "engine (rollout.engine=hf) cannot start in; a bf16 base: sync.variant=bf16")
         return None

@@ -28,6 +28,17 @@ STARTS_IN_VARIANT = ("vllm",)
 """Rollout engines whose factory takes `variant=` and starts from that variant's checkpoint (rl_engine.py)."""
 
 
+def variant_misfit(sync) -> str | None:
+    """Why `sync.variant` / `sync.variant_by` name nothing a route can read (None: they do, or no variant)."""
+    if sync.variant == "none":
+        return None
+    if sync.variant not in transform_names():
+        return f"sync.variant={sync.variant!r}: known variants {', '.join(transform_names())} (or none)"
+    if sync.variant_by not in ("engine", "trainer"):
+        return f"sync.variant_by={sync.variant_by!r}: engine or trainer"
+    return None
+
+
 class HubDerivedPublisher(HubFullPublisher):
     def __init__(self, side, rank: int, *, digest: bool = False):
         super().__init__(side, rank, digest=digest)
@@ -82,10 +93,8 @@ class HubDerived(WeightSync):
     def misfit(cls, sync, shape) -> str | None:
         if sync.variant == "none":
             return "needs sync.variant (bf16|int8)"
-        if sync.variant not in transform_names():
-            return f"sync.variant={sync.variant!r}: known variants {', '.join(transform_names())} (or none)"
-        if sync.variant_by not in ("engine", "trainer"):
-            return f"sync.variant_by={sync.variant_by!r}: engine or trainer"
+        if why := variant_misfit(sync):
+            return why
         if sync.deltas:
             return "with sync.variant: deltas of a variant are not published by this route (sync.deltas=false)"
         if not get_transform(sync.variant).same_layout and shape.rollout_engine not in STARTS_IN_VARIANT:

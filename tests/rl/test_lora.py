@@ -58,7 +58,8 @@ def _engine(cfg, seed):
 
 
 def _receiver(cfg, hub_client, engine, max_adapters):
-    side = Side(sync=SyncConfig(max_adapters=max_adapters), model="policy", hub=hub_client,
+    side = Side(sync=SyncConfig(max_adapters=max_adapters, variant=cfg.sync.variant, variant_by=cfg.sync.variant_by),
+                model="policy", hub=hub_client,
                 clock=StallClock(hub_client.worker_id, "rollout"), hub_address="", shape=sync_shape(cfg))
     return route_of(cfg).receiver(side, engine)
 
@@ -187,3 +188,53 @@ def test_a_merged_adapter_samples_like_the_unmerged_one_and_never_writes_the_bas
     with slots.use(("m", 0)):
         pass
     assert slots.merges == 4
+
+
+@pytest.mark.parametrize("by", ["engine", "trainer"])
+def test_a_bf16_base_for_the_adapter_pool_is_derived_once_and_the_adapters_stay_fp32(tiny_cfg, tmp_path, by):
+    """sync.variant=bf16 with trainer.lora: engines serve `policy@bf16` of the base (derived once: by the first engine
+    or by the trainer, then read from peers) with the trainer's fp32 adapters over it; int8 is refused up front."""
+    with pytest.raises(SyncModeError, match="sync.variant=int8 has its own tensor layout"):
+        check_config(lora_cfg(tiny_cfg, **{"sync.variant": "int8"}))
+    cfg = check_config(lora_cfg(tiny_cfg, **{"sync.variant": "bf16", "sync.variant_by": by}))
+    assert route_of(cfg).name == "hub_adapter"
+    model, _ = build_policy(cfg.model, cfg.task, cfg.seed)
+    backend = TorchBackend(TorchBackend.Config(lora=LORA), model)
+    with torch.no_grad():
+        for t in backend.named_parameters_for_sync().values():
+            t.add_(0.05)  # an adapter that changes the outputs
+    with start_embedded_hub(journal=str(tmp_path / "journal.db")) as hub:
+        clients = [HubClient(hub.address, hub.token, config=ClientConfig(transport="tcp-py")) for _ in range(3)]
+        for i, c in enumerate(clients):
+            c.join(Location(host=f"h{i}"), f"w{i}")
+        try:
+            trainer, *readers = clients
+            side = Side(sync=cfg.sync, model="policy", hub=trainer, clock=StallClock("t", "trainer"),
+                        hub_address=hub.address, shape=sync_shape(cfg))
+            pub = route_of(cfg).publisher(side, 0)
+            pub.publish(backend)
+            pool = [_engine(cfg, seed=cfg.seed + 1 + i)[0] for i in range(2)]
+            rcvs = [_receiver(cfg, c, e, max_adapters=2) for c, e in zip(readers, pool)]
+            for r in rcvs:
+                r.ensure(0)
+            base = backend.base_parameters_for_sync()
+            derived = sum(r.reader.derivations for r in rcvs) + (pub.deriver.derivations if pub.deriver else 0)
+            assert derived == 1 and (pub.deriver is not None) == (by == "trainer")  # one cast across the run
+            assert trainer.derived_from("policy@bf16", 0)["transform"] == "bf16"
+            ids = torch.tensor([[3, 4, 5, 6, 7, 8]])
+            for e, c in zip(pool, readers):
+                got = e.adapters.base_tensors()
+                assert all(got[n].dtype == torch.bfloat16 and torch.equal(got[n], x.to(torch.bfloat16))
+                           for n, x in base.items())
+                slot = e.adapters.tensors_of(e.adapter)
+                assert all(x.dtype == torch.float32 and torch.equal(slot[n], x)
+                           for n, x in backend.named_parameters_for_sync().items())
+                assert ("policy@bf16", 0) in {(h.model, h.version) for h in c.held_ids()}
+                with e.adapters.use(e.adapter):
+                    lp, _ = token_logprobs(e.model, ids, torch.ones_like(ids))
+                want, _ = token_logprobs(backend.model, ids, torch.ones_like(ids))
+                assert torch.allclose(lp.float(), want, atol=0.1) and not torch.equal(lp.float(), want)  # bf16 numbers
+                assert len(e.generate([[3, 4, 5]]).response_ids[0]) == 4
+        finally:
+            for c in clients:
+                c.leave()
