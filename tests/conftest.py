@@ -42,7 +42,6 @@ LONGEST_FIRST = [
     "rl/test_resume_after_interrupt.py",
     "rl/test_rl_loop.py",
     "rl/test_export.py",
-    "rl/test_see_the_model.py",
     "vllm/test_vllm_export.py",
     "rl/test_sync_modes.py",
     "bench/test_topo.py",

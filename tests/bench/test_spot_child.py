@@ -8,7 +8,9 @@ import sys
 
 import pytest
 
-pytest.importorskip("vllm", reason="vLLM is installed by scripts/run (RLSYNC_VLLM=none skips it)")
+from needs import VLLM_REASON, require  # tests/needs.py
+
+require("vllm", VLLM_REASON)
 
 _PROBE = """
 import json

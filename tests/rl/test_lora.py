@@ -18,8 +18,9 @@ from rlsync.sync import Side, SyncConfig, SyncModeError
 from rlsync.sync.hub_adapter import ADAPTER_BASE, adapter_model
 from rlsync.trainer import TorchBackend
 from rlsync.workers.policy import build_policy
+from needs import require  # tests/needs.py
 
-pytest.importorskip("peft")
+require("peft")
 LORA = LoraConfig(rank=4, alpha=8, target_modules=["q_proj", "v_proj"])
 
 

@@ -1,7 +1,8 @@
 """End to end: the real `python -m rlsync.train +recipe=tests/tiny_e2e` in a subprocess, from a foreign directory.
 
 It joins the session's Ray cluster (`ray.address=...`, the path a user takes with an existing
-cluster) to skip a second cluster start-up, and runs the recipe's 3 steps with wandb offline.
+cluster) to skip a second cluster start-up, and runs the recipe's 3 steps with wandb offline. The same run's
+completions and rollout workers' logs are checked too (tests/rl/run_checks.py; a run of their own cost ~24 CPU-s).
 """
 import json
 import os
@@ -10,12 +11,14 @@ import sys
 
 from rlsync.telemetry.loggers import read_jsonl
 
+from run_checks import check_completions_and_worker_logs  # tests/rl/run_checks.py
 
-def test_train_cli_runs_a_tiny_recipe_and_leaves_metrics_trace_wandb_and_checkpoints(ray_address, tmp_path):
+
+def test_train_cli_runs_a_tiny_recipe_and_leaves_metrics_trace_wandb_checkpoints_and_completions(ray_address, tmp_path):
     run_dir = tmp_path / "run"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "1"}
     p = subprocess.run([sys.executable, "-m", "rlsync.train", "+recipe=tests/tiny_e2e", f"hydra.run.dir={run_dir}",
-                        f"ray.address={ray_address}"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                        f"ray.address={ray_address}", "logging.completions_per_step=3"], cwd=tmp_path, env=env, capture_output=True, text=True,
                        timeout=180)
     assert p.returncode == 0, p.stderr[-3000:]
     rows = read_jsonl(run_dir / "metrics.jsonl")
@@ -46,3 +49,4 @@ def test_train_cli_runs_a_tiny_recipe_and_leaves_metrics_trace_wandb_and_checkpo
 
     html = build_report(run_dir)
     assert html.exists() and (run_dir / "report" / "reward.png").exists()
+    check_completions_and_worker_logs(run_dir, steps=(1, 2, 3), per_step=3)

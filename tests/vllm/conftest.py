@@ -5,7 +5,9 @@ module shares one engine; tests leave it holding a complete version.
 """
 import pytest
 
-pytest.importorskip("vllm", reason="vLLM is installed by scripts/run (RLSYNC_VLLM=none skips it)")
+from needs import VLLM_REASON, require  # tests/needs.py
+
+require("vllm", VLLM_REASON)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,9 @@ import sys
 
 import pytest
 
-pytest.importorskip("vllm", reason="vLLM is installed by scripts/run (RLSYNC_VLLM=none skips it)")
+from needs import VLLM_REASON, require  # tests/needs.py
+
+require("vllm", VLLM_REASON)
 
 
 @pytest.mark.timeout(1500)
@@ -25,7 +27,8 @@ def test_grpo_real_two_steps_moves_weights_only_through_the_hub(tmp_path):
 
     run = tmp_path / "run"
     env = {**os.environ, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "rlsync.train", "+recipe=grpo_real", "steps=2", "sync.inflight=true", "eval.prompts=8", "eval.every=2",
+    cmd = [sys.executable, "-m", "rlsync.train", "+recipe=grpo_real", "steps=2", "sync.inflight=true", "eval.prompts=4", "eval.every=2",
+           "rollout.prompts_per_step=2", "rollout.group_size=4",  # 8 samples a step, not 32: 91 vs 134 CPU-s
            f"hydra.run.dir={run}", "progress=false", "logging.wandb.enabled=false", "checkpoint.enabled=false"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1400)
     assert proc.returncode == 0, proc.stderr[-3000:]

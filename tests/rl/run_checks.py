@@ -1,23 +1,19 @@
-"""A run you can read: a bounded sample of completions per step (completions.jsonl), rollout workers' logs that
-say what they hold, fetch and generate, and the run's config beside them (what `python -m rlsync.export` reads)."""
+"""What a run you can read leaves (issue 36 item 5), checked on the CLI run of tests/rl/test_rl_e2e.py: a bounded
+sample of completions per step (completions.jsonl), rollout workers' logs that say what they hold, fetch and
+generate, and the run's config beside them (what `python -m rlsync.export` reads)."""
 import json
 import re
 from pathlib import Path
 
-from rlsync.driver import Driver
 from rlsync.rollout import build_task
 from rlsync.telemetry.loggers import RUN_CONFIG_FILE, read_jsonl
 
 
-def test_completions_and_worker_logs_of_a_real_run(ray_address, tiny_cfg):
-    cfg = tiny_cfg(steps=3, **{"logging.completions_per_step": 3})
-    cfg.pools["main"].size = 2
-    Driver(cfg, cfg.run_dir).run()
-    run = Path(cfg.run_dir)
-
+def check_completions_and_worker_logs(run: Path, steps=(1, 2, 3), per_step: int = 3) -> None:
+    """`run` was made by `+recipe=tests/tiny_e2e logging.completions_per_step=<per_step>` (task reverse, 2 workers)."""
     rows = read_jsonl(run / "completions.jsonl")
-    by_step = {s: [r for r in rows if r["step"] == s] for s in (1, 2, 3)}
-    assert all(1 <= len(v) <= 3 for v in by_step.values()), {s: len(v) for s, v in by_step.items()}
+    by_step = {s: [r for r in rows if r["step"] == s] for s in steps}
+    assert all(1 <= len(v) <= per_step for v in by_step.values()), {s: len(v) for s, v in by_step.items()}
     task = build_task("reverse")  # the run's task: the reward of each text is the task's score of it
     checked = 0
     for r in rows:
@@ -33,7 +29,7 @@ def test_completions_and_worker_logs_of_a_real_run(ray_address, tiny_cfg):
             assert r["reward"] == task.score(p, ids)
     assert checked >= len(rows) // 2
 
-    assert json.loads((run / RUN_CONFIG_FILE).read_text())["logging"]["completions_per_step"] == 3
+    assert json.loads((run / RUN_CONFIG_FILE).read_text())["logging"]["completions_per_step"] == per_step
 
     for w in ("main-0", "main-1"):
         text = (run / "logs" / f"{w}.log").read_text()
