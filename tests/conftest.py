@@ -89,8 +89,7 @@ def _deepspeed_shm_op():
     TORCH_EXTENSIONS_DIR (scripts/run sets it: one per venv, as the build embeds the venv's paths).
     Built inside a test, the compile runs under that test's timeout beside the other worker's test;
     killed midway, it leaves a lock that makes every later DeepSpeed start with that directory hang.
-    scripts/run builds it when it sets a venv up; a venv without it (its build failed, or set up by hand)
-    starts the build here, before any test, in its own session (a Ctrl-C of the
+    So a venv without it starts the build here, before any test, in its own session (a Ctrl-C of the
     run does not cut it short), and tests start once it holds the build lock: a test reaching DeepSpeed
     before the build ends waits on that lock (torch's), while the other tests run meanwhile."""
     ext = os.environ.get("TORCH_EXTENSIONS_DIR")
