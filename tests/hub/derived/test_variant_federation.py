@@ -2,9 +2,11 @@
 crosses the DC link once (half of the fp32 version's bytes) and dc1's readers read it inside dc1, bit-exact."""
 import torch
 
-from rlsync.hub import ClientConfig, HubClient, Location, start_embedded_hub
+from rlsync.hub import ClientConfig, Location, start_embedded_hub
 from rlsync.hub.federation.gateway import Gateway, GatewayConfig
 from rlsync.hub.tools.fakes import digest
+
+from hub_clients import client_maker  # tests/hub/hub_clients.py
 
 
 def test_a_variant_crosses_into_a_dc_once(tmp_path):
@@ -13,12 +15,7 @@ def test_a_variant_crosses_into_a_dc_once(tmp_path):
             start_embedded_hub(journal=str(tmp_path / "h1.db")) as h1:
         clients = []
 
-        def client(hub, dc, host):
-            c = HubClient(hub.address, hub.token, config=cfg)
-            clients.append(c)
-            if host:
-                c.join(Location(dc=dc, host=host))
-            return c
+        client = client_maker(cfg, clients)
 
         try:
             trainer, deriver = client(h0, "dc0", "t"), client(h0, "dc0", "e0")

@@ -3,9 +3,11 @@ a DC skips versions it missed and commits the newest, and a second gateway that 
 its copy instead of looping. The process-level behaviour is in test_federation.py."""
 import torch
 
-from rlsync.hub import ClientConfig, HubClient, Location, start_embedded_hub
+from rlsync.hub import ClientConfig, Location, start_embedded_hub
 from rlsync.hub.federation.gateway import Gateway, GatewayConfig
 from rlsync.hub.tools.fakes import digest
+
+from hub_clients import client_maker  # tests/hub/hub_clients.py
 
 
 def _model(v: int) -> dict:
@@ -13,23 +15,12 @@ def _model(v: int) -> dict:
     return {"w": torch.randn(64 << 10, generator=g), "b": torch.randn(32, generator=g)}
 
 
-def _client_maker(cfg, clients: list):
-    """client(hub, dc, host): a client of `hub`, joined in `dc` when `host` is given, kept in `clients`."""
-    def client(hub, dc, host):
-        c = HubClient(hub.address, hub.token, config=cfg)
-        clients.append(c)
-        if host:
-            c.join(Location(dc=dc, host=host))
-        return c
-    return client
-
-
 def test_a_dc_skips_what_it_missed_commits_the_newest_and_a_second_gateway_drops_its_copy(tmp_path):
     cfg = ClientConfig(transport="tcp-py", hub_deadline_s=5.0, heartbeat_s=0.2)  # (a leave waits out a heartbeat)
     with start_embedded_hub(journal=str(tmp_path / "h0.db")) as h0, \
             start_embedded_hub(journal=str(tmp_path / "h1.db")) as h1:
         clients = []
-        client = _client_maker(cfg, clients)
+        client = client_maker(cfg, clients)
         trainer = client(h0, "dc0", "t")
         gws = [Gateway(client(h0, "dc1", None), client(h1, "dc1", None), GatewayConfig()) for _ in range(2)]
         for i, g in enumerate(gws):
@@ -69,7 +60,7 @@ def test_one_home_per_model_is_enforced_across_restarts(tmp_path):
 
     cfg = ClientConfig(transport="tcp-py", hub_deadline_s=5.0, heartbeat_s=0.2)
     clients = []
-    client = _client_maker(cfg, clients)
+    client = client_maker(cfg, clients)
     with start_embedded_hub(journal=str(tmp_path / "h0.db")) as h0, \
             start_embedded_hub(journal=str(tmp_path / "h2.db")) as h2:
         with start_embedded_hub(journal=str(tmp_path / "h1.db")) as h1:
